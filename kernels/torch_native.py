@@ -1,0 +1,76 @@
+"""The CPU reference attention backend: one batched SDPA call per layer over gathered K/V.
+
+Per forward it builds a padded ``[B, max_seq_len]`` table of KV slots from the paged metadata and
+a boolean mask (causal over prefix + new tokens, sequence length, optional sliding window); per
+layer it gathers K/V through that table and runs ``scaled_dot_product_attention`` with GQA.
+No Python loop over tokens or requests in the per-layer path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.base import AttentionBackend, AttentionMetadata
+
+
+class TorchNativeBackend(AttentionBackend):
+    """Reference backend; every other backend is tested against it."""
+
+    _slot_table: torch.Tensor
+    _q_index: torch.Tensor
+    _q_valid: torch.Tensor
+    _mask: torch.Tensor | None
+
+    def init_forward_metadata(self, md: AttentionMetadata) -> None:
+        b = md.batch_size
+        dev = md.seq_lens.device
+        ps = md.page_size
+        # Page table [B, max_pages] -> token slots [B, max_seq_len].
+        num_pages = md.kv_indptr[1:] - md.kv_indptr[:-1]
+        max_pages = (md.max_seq_len + ps - 1) // ps
+        page_pos = torch.arange(max_pages, device=dev)
+        page_ok = page_pos[None, :] < num_pages[:, None]
+        flat = (md.kv_indptr[:-1, None] + page_pos[None, :]).clamp(max=max(md.kv_indices.numel() - 1, 0))
+        pages = torch.where(page_ok, md.kv_indices[flat], 0) if md.kv_indices.numel() else torch.zeros_like(flat)
+        if ps == 1:
+            slots = pages
+        else:
+            offs = torch.arange(ps, device=dev)
+            slots = (pages[:, :, None] * ps + offs[None, None, :]).reshape(b, max_pages * ps)
+        kv_pos = torch.arange(md.max_seq_len, device=dev)
+        kv_ok = kv_pos[None, :] < md.seq_lens[:, None]
+        self._slot_table = torch.where(kv_ok, slots[:, : md.max_seq_len], 0)
+        # Query table [B, max_extend_len] of flat token indices.
+        extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
+        q_pos = torch.arange(md.max_extend_len, device=dev)
+        self._q_valid = q_pos[None, :] < extend_lens[:, None]
+        self._q_index = torch.where(self._q_valid, md.qo_indptr[:-1, None] + q_pos[None, :], 0)
+        if md.max_extend_len == 1 and self.sliding_window is None:
+            self._mask = kv_ok[:, None, None, :]
+            return
+        abs_q = md.prefix_lens[:, None] + q_pos[None, :]  # [B, Q] absolute position of each query
+        mask = kv_ok[:, None, :] & (kv_pos[None, None, :] <= abs_q[:, :, None])
+        if self.sliding_window is not None:
+            mask &= kv_pos[None, None, :] > abs_q[:, :, None] - self.sliding_window
+        # Padded query rows attend to position 0 only (their output is dropped) to avoid NaN rows.
+        mask[:, :, 0] |= ~self._q_valid
+        self._mask = mask[:, None, :, :]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                md: AttentionMetadata) -> torch.Tensor:
+        self.kv.set_kv(layer_id, md.out_cache_loc, k, v)
+        k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
+        keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
+        values = v_buf[self._slot_table].transpose(1, 2)
+        if md.max_extend_len == 1:
+            queries = q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
+        else:
+            queries = q[self._q_index].transpose(1, 2)  # [B, H, Q, D]
+        out = F.scaled_dot_product_attention(
+            queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=self._mask, scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        if md.max_extend_len == 1 and q.shape[0] == md.batch_size:
+            return out[:, :, 0, :]
+        return out.transpose(1, 2)[self._q_valid]

@@ -1,0 +1,362 @@
+"""Radix-tree prefix cache: token ids -> the KV slots that already hold their keys and values.
+
+Each node owns the slot indices of the tokens on its edge. Finished requests ``insert`` their tokens;
+new requests ``match_prefix`` to reuse the longest cached page-aligned prefix. Nodes in use are locked
+(ref counts up to the namespace root); unlocked leaves are evicted least-recently (or least-frequently)
+used first. Every ``cache_salt`` gets its own root, so tenants never share a node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import torch
+
+_EVICTION_POLICIES = ("lru", "lfu")
+_node_ids = itertools.count()
+
+
+class SlotFreer(Protocol):
+    """What the cache needs from the token-slot allocator."""
+
+    page_size: int
+
+    def free(self, slots: torch.Tensor) -> None: ...
+
+
+class TreeNode:
+    """One edge of the tree: ``key`` token ids and ``value`` their int64 slot indices (same length)."""
+
+    __slots__ = ("key", "value", "children", "parent", "lock_ref", "last_access_time", "hit_count", "id")
+
+    def __init__(
+        self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None, last_access_time: int
+    ) -> None:
+        self.key = key
+        self.value = value
+        # Keyed by the first token (page_size 1) or the first page tuple (page_size > 1).
+        self.children: dict[int | tuple[int, ...], TreeNode] = {}
+        self.parent = parent
+        self.lock_ref = 0
+        self.last_access_time = last_access_time
+        self.hit_count = 0
+        self.id = next(_node_ids)  # unique tie-break for the eviction heap
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+class MatchResult(NamedTuple):
+    """Result of ``match_prefix``."""
+
+    slots: torch.Tensor  # int64 slots of the matched prefix (page aligned), empty when nothing matched
+    last_node: TreeNode  # deepest matched node; the namespace root when nothing matched
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters over the cache's lifetime (all sizes in tokens)."""
+
+    match_calls: int = 0
+    queried_tokens: int = 0
+    cached_tokens: int = 0
+    inserted_tokens: int = 0
+    evicted_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of queried tokens served from the cache."""
+        return self.cached_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def _as_tuple(key: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(key, tuple):
+        return key
+    tolist = getattr(key, "tolist", None)  # torch / numpy: avoid tuples of scalar objects
+    return tuple(tolist()) if tolist is not None else tuple(key)
+
+
+def _common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common prefix of ``a`` and ``b``, comparing slices in C instead of token by token."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    # Invariant: a[:lo] == b[:lo] and the first mismatch is before hi.
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+class RadixCache:
+    """Radix tree over token ids whose nodes own KV slots; see the module docstring."""
+
+    def __init__(
+        self, allocator: SlotFreer, page_size: int = 1, eviction_policy: str = "lru", disable: bool = False
+    ) -> None:
+        if eviction_policy not in _EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {_EVICTION_POLICIES}, got {eviction_policy!r}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.allocator = allocator
+        self.page_size = page_size
+        self.eviction_policy = eviction_policy
+        self.disable = disable
+        self.stats = CacheStats()
+        self._empty = torch.empty(0, dtype=torch.int64)
+        self._clock = 0
+        self._clear()
+
+    # ---- public API -------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Drop every node and free its slots; the caller guarantees nothing is locked."""
+        if self._protected:
+            raise RuntimeError(f"reset() with {self._protected} locked tokens")
+        values = [n.value for root in self._roots.values() for n in self._iter_nodes(root) if n is not root]
+        if values:
+            self.allocator.free(torch.cat(values))
+        self._clear()
+
+    def match_prefix(self, key: Sequence[int], cache_salt: str | None = None) -> MatchResult:
+        """Longest cached page-aligned prefix of ``key`` in the ``cache_salt`` namespace.
+
+        Splits the last node when the match ends inside it, so ``last_node`` ends exactly at the match;
+        refreshes access time and hit count of every matched node.
+        """
+        self.stats.match_calls += 1
+        self.stats.queried_tokens += len(key)
+        root = self._roots.get(cache_salt)
+        if root is None:
+            # NOTE: an unregistered empty root; locking a root is a no-op, so callers may hold it safely.
+            return MatchResult(self._empty, self._new_root())
+        if self.disable or len(key) < self.page_size:
+            return MatchResult(self._empty, root)
+        tkey = self._aligned(_as_tuple(key))
+        self._clock += 1
+        node, matched, path = self._walk(root, tkey, self._clock)
+        for n in path:
+            n.hit_count += 1
+        self.stats.cached_tokens += matched
+        if not path:
+            return MatchResult(self._empty, root)
+        return MatchResult(torch.cat([n.value for n in path]), node)
+
+    def insert(self, key: Sequence[int], slots: torch.Tensor, cache_salt: str | None = None) -> int:
+        """Cache ``key[:aligned_len]`` (whole pages only) with ``slots`` (one per token, at least aligned_len).
+
+        Returns ``prefix_len``, how many leading tokens were already cached. The tree takes ownership of
+        (a copy of) ``slots[prefix_len:aligned_len]``; the caller keeps, and must free, the slots it
+        computed for positions below ``prefix_len`` (duplicates) and from ``aligned_len`` on.
+        """
+        if self.disable:
+            return 0
+        tkey = self._aligned(_as_tuple(key))
+        n = len(tkey)
+        if n == 0:
+            return 0
+        if slots.numel() < n:
+            raise ValueError(f"insert: {slots.numel()} slots for {n} tokens")
+        root = self._roots.get(cache_salt)
+        if root is None:
+            root = self._roots[cache_salt] = self._new_root()
+        self._clock += 1
+        node, prefix_len, _ = self._walk(root, tkey, self._clock)
+        if prefix_len < n:
+            leaf = TreeNode(tkey[prefix_len:], slots[prefix_len:n].to(torch.int64).clone(), node, self._clock)
+            if not node.children:
+                self._evictable_leaves.discard(node)  # node stops being a leaf
+            node.children[self._child_key(leaf.key)] = leaf
+            self._evictable_leaves.add(leaf)
+            self._evictable += n - prefix_len
+            self.stats.inserted_tokens += n - prefix_len
+        return prefix_len
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock ``node`` and its ancestors against eviction (the root never counts)."""
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.key)
+                self._protected += len(node.key)
+                self._evictable_leaves.discard(node)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undo one ``inc_lock_ref(node)``; raises RuntimeError if ``node`` is not locked."""
+        if node.parent is not None and node.lock_ref <= 0:
+            raise RuntimeError(f"dec_lock_ref on unlocked {node!r}")
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable += len(node.key)
+                self._protected -= len(node.key)
+                if not node.children:
+                    self._evictable_leaves.add(node)
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        """Free unlocked leaves in policy order until ``num_tokens`` are freed; returns tokens freed.
+
+        May overshoot by less than one node, or free less when nothing more is evictable.
+        """
+        if num_tokens <= 0 or not self._evictable_leaves:
+            return 0
+        heap = [(self._priority(n), n) for n in self._evictable_leaves]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, node = heapq.heappop(heap)
+            self.allocator.free(node.value)
+            freed += len(node.key)
+            self._evictable -= len(node.key)
+            self._evictable_leaves.discard(node)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key)]
+            node.parent = None
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+                self._evictable_leaves.add(parent)
+                heapq.heappush(heap, (self._priority(parent), parent))
+        for salt in [s for s, root in self._roots.items() if not root.children]:
+            del self._roots[salt]
+        self.stats.evicted_tokens += freed
+        return freed
+
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """Tokens in locked nodes."""
+        return self._protected
+
+    def total_size(self) -> int:
+        """Tokens held by the tree (all namespaces)."""
+        return self._evictable + self._protected
+
+    def check_integrity(self) -> None:
+        """Recompute sizes and structure by walking the tree; raise AssertionError on any mismatch."""
+        ps = self.page_size
+        evictable = protected = 0
+        leaves: set[TreeNode] = set()
+        values: list[torch.Tensor] = []
+        for salt, root in self._roots.items():
+            assert root.parent is None and not root.key and root.lock_ref == 0, f"bad root for {salt!r}"
+            for node in self._iter_nodes(root):
+                for ck, child in node.children.items():
+                    assert child.parent is node, f"{child!r} has a wrong parent"
+                    assert ck == self._child_key(child.key), f"{child!r} under a wrong child key"
+                    assert child.lock_ref <= node.lock_ref or node is root, f"{child!r} locked above parent"
+                if node is root:
+                    continue
+                assert len(node.key) > 0 and len(node.key) % ps == 0, f"{node!r} key not page aligned"
+                assert node.value.numel() == len(node.key), f"{node!r} key/value length mismatch"
+                assert node.lock_ref >= 0, f"{node!r} negative lock_ref"
+                values.append(node.value)
+                if node.lock_ref:
+                    protected += len(node.key)
+                else:
+                    evictable += len(node.key)
+                    if not node.children:
+                        leaves.add(node)
+        assert evictable == self._evictable, f"evictable {self._evictable} != walked {evictable}"
+        assert protected == self._protected, f"protected {self._protected} != walked {protected}"
+        assert leaves == self._evictable_leaves, "evictable-leaf set out of date"
+        if values:
+            slots = torch.cat(values)
+            assert torch.unique(slots).numel() == slots.numel(), "a slot is owned by two nodes"
+
+    def pretty_print(self) -> str:
+        """A readable dump of every namespace (for debugging)."""
+        lines = [
+            f"RadixCache(total={self.total_size()}, evictable={self._evictable}, locked={self._protected})"
+        ]
+        for salt, root in self._roots.items():
+            lines.append(f"[salt={salt!r}]")
+            stack: list[tuple[TreeNode, int]] = [(c, 1) for c in reversed(list(root.children.values()))]
+            while stack:
+                node, depth = stack.pop()
+                head = ",".join(map(str, node.key[:8])) + (",..." if len(node.key) > 8 else "")
+                lines.append(
+                    f"{'  ' * depth}[{head}] len={len(node.key)} lock={node.lock_ref} "
+                    f"t={node.last_access_time} hits={node.hit_count}"
+                )
+                stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
+        return "\n".join(lines)
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        self._roots: dict[str | None, TreeNode] = {}
+        self._evictable = 0
+        self._protected = 0
+        self._evictable_leaves: set[TreeNode] = set()
+
+    def _new_root(self) -> TreeNode:
+        return TreeNode((), self._empty, None, 0)
+
+    def _aligned(self, key: tuple[int, ...]) -> tuple[int, ...]:
+        ps = self.page_size
+        return key if ps == 1 or len(key) % ps == 0 else key[: len(key) // ps * ps]
+
+    def _child_key(self, key: tuple[int, ...], start: int = 0) -> int | tuple[int, ...]:
+        return key[start] if self.page_size == 1 else key[start : start + self.page_size]
+
+    def _priority(self, node: TreeNode) -> tuple[int | float, ...]:
+        if self.eviction_policy == "lfu":
+            return (node.hit_count, node.last_access_time, node.id)
+        return (node.last_access_time, node.id)
+
+    def _walk(self, root: TreeNode, key: tuple[int, ...], now: int) -> tuple[TreeNode, int, list[TreeNode]]:
+        """Follow ``key`` (page aligned) from ``root``; returns (last node, matched tokens, matched path).
+
+        Splits the node where the match stops inside its key and stamps ``now`` on every matched node.
+        """
+        node, i, path = root, 0, []
+        n = len(key)
+        while i < n:
+            child = node.children.get(self._child_key(key, i))
+            if child is None:
+                break
+            klen = len(child.key)
+            m = _common_prefix_len(child.key, key[i : i + klen])
+            m -= m % self.page_size
+            if m < klen:
+                child = self._split(child, m)
+            child.last_access_time = now
+            path.append(child)
+            node, i = child, i + m
+            if m < klen:
+                break
+        return node, i, path
+
+    def _split(self, node: TreeNode, at: int) -> TreeNode:
+        """Cut ``node`` after ``at`` tokens (0 < at < len, page aligned); returns the new upper node."""
+        parent = node.parent
+        assert parent is not None and 0 < at < len(node.key)
+        upper = TreeNode(node.key[:at], node.value[:at], parent, node.last_access_time)
+        upper.lock_ref = node.lock_ref  # same locked prefix, so sizes do not move
+        upper.hit_count = node.hit_count
+        parent.children[self._child_key(upper.key)] = upper
+        node.key, node.value, node.parent = node.key[at:], node.value[at:], upper
+        upper.children[self._child_key(node.key)] = node
+        return upper
+
+    @staticmethod
+    def _iter_nodes(root: TreeNode) -> list[TreeNode]:
+        out, stack = [], [root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out

@@ -1,0 +1,30 @@
+"""ReqToTokenPool: per running request, the row of KV slot indices of its tokens."""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """A ``[size, max_context_len]`` int64 table; a running request owns one row."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
+        self._free_rows: list[int] = list(range(size - 1, -1, -1))
+
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        """Take a free row, or None when all are in use."""
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free(self, row: int) -> None:
+        if row in self._free_rows:
+            raise AssertionError(f"ReqToTokenPool: row {row} freed twice")
+        self._free_rows.append(row)
+
+    def clear(self) -> None:
+        self._free_rows = list(range(self.size - 1, -1, -1))

@@ -1,0 +1,140 @@
+"""ModelConfig: the subset of a Hugging Face config.json the Llama-family decoder needs.
+
+Reads both spellings transformers has used: 4.x (``torch_dtype``, ``rope_theta`` + ``rope_scaling``)
+and 5.x (``dtype``, ``rope_parameters``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """Map a dtype name (``float32``, ``bf16``, ...) to a torch dtype."""
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"dtype: unsupported {name!r}; choose one of {sorted(set(_DTYPES))}") from None
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Architecture hyper-parameters of a Llama-family checkpoint."""
+
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+    dtype: torch.dtype
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path, dtype: str = "auto") -> ModelConfig:
+        """Read ``config.json`` of a checkpoint directory; ``dtype`` "auto" takes the checkpoint's."""
+        cfg_path = Path(path) / "config.json"
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"model_path: no config.json in {path}")
+        return cls.from_dict(json.loads(cfg_path.read_text()), dtype=dtype)
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], dtype: str = "auto") -> ModelConfig:
+        """Build from a parsed config.json dict."""
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else ""
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"architecture {arch or cfg.get('model_type')!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        rope_theta, rope_scaling = _rope_settings(cfg)
+        if dtype == "auto":
+            dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+            torch_dtype = parse_dtype(str(dtype_name).replace("torch.", ""))
+        else:
+            torch_dtype = parse_dtype(dtype)
+        sliding = cfg.get("sliding_window")
+        if family == "qwen2" and not cfg.get("use_sliding_window", False):
+            sliding = None
+        eos = cfg.get("eos_token_id")
+        eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+        return cls(
+            architecture=arch,
+            family=family,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            sliding_window=int(sliding) if sliding else None,
+            dtype=torch_dtype,
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+        )
+
+
+def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """Return (rope_theta, scaling dict or None) from either config spelling."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling: dict[str, Any] | None = dict(params)
+    else:
+        theta = float(cfg.get("rope_theta", 10000.0))
+        scaling = dict(cfg["rope_scaling"]) if cfg.get("rope_scaling") else None
+    if scaling is not None:
+        kind = scaling.get("rope_type") or scaling.get("type") or "default"
+        scaling["rope_type"] = kind
+        if kind == "default":
+            scaling = None
+        elif kind not in ("llama3", "linear"):
+            raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (supported: default, linear, llama3)")
+    return theta, scaling

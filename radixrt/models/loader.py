@@ -1,0 +1,83 @@
+"""Load a Hugging Face checkpoint directory (single or sharded safetensors) into LlamaForCausalLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from radixrt.models.config import ModelConfig
+from radixrt.models.llama import LlamaForCausalLM
+
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files of a checkpoint: the shards named by the index, or model.safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(f"model_path: no safetensors weights in {model_dir}")
+    return found
+
+
+def load_model(model_dir: str | Path, cfg: ModelConfig, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    """Build the model for ``cfg`` and fill it from the checkpoint's safetensors."""
+    model_dir = Path(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device=device).to(cfg.dtype)
+    model.rope = type(model.rope)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling).to(device)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    parts: dict[str, list[torch.Tensor | None]] = {}
+    loaded: set[str] = set()
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                target = name.removeprefix("model.")
+                if target.endswith("rotary_emb.inv_freq"):
+                    continue
+                pieces = target.split(".")
+                fused = _FUSED.get(pieces[-2]) if len(pieces) >= 2 else None
+                if fused is not None:
+                    fused_name = ".".join([*pieces[:-2], fused[0], pieces[-1]])
+                    slot = parts.setdefault(fused_name, [None] * (3 if fused[0] == "qkv_proj" else 2))
+                    slot[fused[1]] = tensor
+                    if all(p is not None for p in slot):
+                        _copy(params, fused_name, torch.cat([p for p in slot if p is not None]))
+                        loaded.add(fused_name)
+                    continue
+                if target not in params:
+                    raise ValueError(f"checkpoint weight {name!r} does not belong to a {cfg.architecture}")
+                _copy(params, target, tensor)
+                loaded.add(target)
+    if cfg.tie_word_embeddings or "lm_head.weight" not in loaded:
+        model.lm_head.weight = model.embed_tokens.weight
+        loaded.add("lm_head.weight")
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint in {model_dir} lacks weights: {missing[:8]}")
+    return model.eval()
+
+
+def _copy(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+    param = params[name]
+    if param.shape != tensor.shape:
+        raise ValueError(f"weight {name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(tensor.to(param.dtype))

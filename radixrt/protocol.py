@@ -1,0 +1,77 @@
+"""Messages that cross between the TokenizerManager and the worker (msgspec Structs).
+
+One request type in (``TokenizedGenerateReq``), one output type back (``BatchTokenOut``), plus
+small control messages. The worker never sees text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from radixrt.sampling.sampling_params import SamplingParams
+
+
+class TokenizedGenerateReq(msgspec.Struct, tag=True):
+    """A validated, tokenized request for the scheduler."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    cache_salt: str | None = None
+
+
+class AbortReq(msgspec.Struct, tag=True):
+    """Stop a request (client gone, stop string seen by the detokenizer); its KV is released."""
+
+    rid: str
+    reason: str = "abort"
+
+
+class FlushCacheReq(msgspec.Struct, tag=True):
+    """Empty the RadixCache; refused while requests run."""
+
+
+class GetStatsReq(msgspec.Struct, tag=True):
+    """Ask the worker for a StatsOut snapshot."""
+
+
+class ReqOut(msgspec.Struct, array_like=True):
+    """New output of one request since its previous ReqOut.
+
+    Logprob entries are ``(logprob, token_id)``; ``top`` lists are per position lists of them.
+    ``finish_reason`` is None while running, else a dict like ``{"type": "length"}``.
+    """
+
+    rid: str
+    new_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    finish_reason: dict[str, Any] | None = None
+    output_logprobs: list[tuple[float, int]] | None = None
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    input_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+
+class BatchTokenOut(msgspec.Struct, tag=True):
+    """Every request that advanced in one scheduler step."""
+
+    outs: list[ReqOut]
+
+
+class StatsOut(msgspec.Struct, tag=True):
+    """Worker counters, answered to GetStatsReq and FlushCacheReq."""
+
+    ok: bool = True
+    message: str = ""
+    stats: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+WorkerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq
+WorkerOutput = BatchTokenOut | StatsOut

@@ -1,0 +1,92 @@
+"""ServerArgs: every runtime setting, shared by Engine, the server CLI and the worker."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+EVICTION_POLICIES = ("lru", "lfu")
+
+
+@dataclass(slots=True)
+class ServerArgs:
+    """Runtime settings; flag names follow SGLang's (``--max-total-tokens`` <-> ``max_total_tokens``)."""
+
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    attention_backend: str = "torch_native"
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.2
+    max_running_requests: int = 128
+    chunked_prefill_size: int = 2048
+    max_prefill_tokens: int = 8192
+    page_size: int = 1
+    context_length: int | None = None
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"
+    random_seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    log_level: str = "info"
+    served_model_name: str | None = None
+    disable_jump_forward: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy: {self.schedule_policy!r} not in {SCHEDULE_POLICIES}")
+        if self.radix_eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"radix_eviction_policy: {self.radix_eviction_policy!r} not in {EVICTION_POLICIES}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests: must be >= 1, got {self.max_running_requests}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError(f"chunked_prefill_size: must be > 0 or -1 (off), got {self.chunked_prefill_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
+            raise ValueError(f"max_total_tokens: {self.max_total_tokens} is too small")
+        if not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        """Build from keyword arguments, naming any unknown one."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Add one ``--flag-name`` per field."""
+        for f in fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.type in ("bool",):
+                parser.add_argument(flag, action="store_true", default=default)
+                continue
+            kind: Any = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
+            choices = None
+            if f.name == "schedule_policy":
+                choices = SCHEDULE_POLICIES
+            elif f.name == "radix_eviction_policy":
+                choices = EVICTION_POLICIES
+            parser.add_argument(flag, type=kind, default=default, choices=choices)
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

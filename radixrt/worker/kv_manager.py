@@ -1,0 +1,142 @@
+"""KV bookkeeping of requests: slot allocation with eviction, caching into the RadixCache, release.
+
+The one place that moves slots between a request's ReqToTokenPool row, the allocator and the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixrt.mem_cache.allocator import TokenSlotAllocator
+from radixrt.mem_cache.radix_cache import RadixCache
+from radixrt.mem_cache.req_to_token import ReqToTokenPool
+from radixrt.worker.req import Req
+
+
+class KVManager:
+    """Ties the allocator, the ReqToTokenPool and the RadixCache together for the scheduler."""
+
+    def __init__(self, allocator: TokenSlotAllocator, req_pool: ReqToTokenPool, tree: RadixCache) -> None:
+        self.allocator = allocator
+        self.req_pool = req_pool
+        self.tree = tree
+        self.page_size = allocator.page_size
+
+    # -- capacity -------------------------------------------------------------------------------
+    def available(self) -> int:
+        """Slots obtainable now: free plus evictable."""
+        return self.allocator.available_size() + self.tree.evictable_size()
+
+    def pages_needed(self, req: Req, num_tokens: int) -> int:
+        """Fresh slots (whole pages) that growing ``req`` by ``num_tokens`` takes."""
+        ps = self.page_size
+        room = (-req.kv_len) % ps
+        extra = max(num_tokens - room, 0)
+        return (extra + ps - 1) // ps * ps
+
+    def alloc(self, req: Req, num_tokens: int) -> bool:
+        """Give ``req`` slots for its next ``num_tokens`` tokens (after ``kv_len``), evicting if needed."""
+        need = self.pages_needed(req, num_tokens)
+        if need > self.allocator.available_size():
+            self.tree.evict(need - self.allocator.available_size())
+        assert req.req_pool_idx is not None
+        row = self.req_pool.req_to_token[req.req_pool_idx]
+        last = int(row[req.kv_len - 1]) if req.kv_len > 0 else 0
+        slots = self.allocator.alloc_extend(last, req.kv_len, num_tokens)
+        if slots is None:
+            return False
+        row[req.kv_len : req.kv_len + num_tokens] = slots
+        return True
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, req: Req) -> bool:
+        """Give ``req`` a pool row and its cached prefix (locked). False when no row is free."""
+        row = self.req_pool.alloc()
+        if row is None:
+            return False
+        match = self.tree.match_prefix(req.fill_ids[: req.max_prefix_len()], req.cache_salt)
+        n = len(match.slots)
+        if n:
+            self.req_pool.req_to_token[row, :n] = match.slots
+        self.tree.inc_lock_ref(match.last_node)
+        req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = row, match.last_node, n, n
+        return True
+
+    # -- caching and release --------------------------------------------------------------------
+    def cache_unfinished(self, req: Req) -> None:
+        """Insert the computed page-aligned part of a running request; keep it locked."""
+        if self.tree.disable or req.req_pool_idx is None:
+            return
+        aligned = req.kv_len // self.page_size * self.page_size
+        if aligned <= req.cached_len:
+            return
+        key = req.fill_ids[:aligned]
+        row = self.req_pool.req_to_token[req.req_pool_idx]
+        slots = row[:aligned].clone()
+        prefix_len = self.tree.insert(key, slots, req.cache_salt)
+        if prefix_len > req.cached_len:
+            self.allocator.free(slots[req.cached_len : prefix_len])
+        match = self.tree.match_prefix(key, req.cache_salt)
+        assert len(match.slots) == aligned, (len(match.slots), aligned)
+        row[:aligned] = match.slots
+        self.tree.inc_lock_ref(match.last_node)
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.cached_len = match.last_node, aligned
+
+    def release(self, req: Req) -> None:
+        """Finished, aborted or retracted: cache what was computed, unlock, free the rest and the row."""
+        if req.req_pool_idx is None:
+            return
+        row = self.req_pool.req_to_token[req.req_pool_idx]
+        kv_len = req.kv_len
+        slots = row[:kv_len].clone()
+        own_from = req.cached_len
+        if not self.tree.disable:
+            aligned = kv_len // self.page_size * self.page_size
+            all_ids = req.origin_input_ids + req.output_ids
+            prefix_len = self.tree.insert(all_ids[:aligned], slots[:aligned], req.cache_salt)
+            if prefix_len > req.cached_len:
+                self.allocator.free(slots[req.cached_len : prefix_len])
+            own_from = aligned
+        self.allocator.free(slots[own_from:kv_len])
+        self.tree.dec_lock_ref(req.last_node)
+        self.req_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
+
+    def release_unused(self, req: Req, num_tokens: int) -> None:
+        """Free slots allocated beyond kv_len that will not be used (admission rolled back)."""
+        if req.req_pool_idx is None or num_tokens <= 0:
+            return
+        ps = self.page_size
+        start = (req.kv_len + ps - 1) // ps * ps
+        end = req.kv_len + num_tokens
+        if end > start:
+            self.allocator.free(self.req_pool.req_to_token[req.req_pool_idx, start:end].clone())
+
+    # -- accounting -----------------------------------------------------------------------------
+    def owned_slots(self, req: Req) -> int:
+        """Slots held by ``req`` outside the tree (its uncached pages)."""
+        if req.req_pool_idx is None:
+            return 0
+        ps = self.page_size
+        return (req.kv_len + ps - 1) // ps * ps - req.cached_len
+
+    def check_invariant(self, live: list[Req], idle: bool) -> None:
+        """Assert ``free + evictable + protected + in-use == total``; at idle nothing in use or locked."""
+        tree = self.tree
+        evictable, protected = tree.evictable_size(), tree.protected_size()
+        assert evictable + protected == tree.total_size(), "tree sizes disagree"
+        in_use = sum(self.owned_slots(r) for r in live)
+        free = self.allocator.available_size()
+        total = self.allocator.total_slots
+        assert free + evictable + protected + in_use == total, (
+            f"KV leak: free {free} + evictable {evictable} + protected {protected} + in-use {in_use} != {total}"
+        )
+        if idle:
+            assert not live, f"{len(live)} requests still live at idle"
+            assert protected == 0, f"{protected} tokens still locked at idle"
+            assert self.req_pool.available_size() == self.req_pool.size, "ReqToTokenPool rows leaked"
+
+
+def as_tensor(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)

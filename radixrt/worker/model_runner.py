@@ -1,0 +1,112 @@
+"""ModelRunner: owns the model, the KV memory pools and the attention backend; runs one forward."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.base import AttentionMetadata, ForwardMode, get_backend_class
+from radixrt.mem_cache.allocator import TokenSlotAllocator
+from radixrt.mem_cache.kv_pool import KVPool
+from radixrt.mem_cache.req_to_token import ReqToTokenPool
+from radixrt.models.config import ModelConfig
+from radixrt.models.loader import load_model
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ForwardInput:
+    """One ragged batch: per request its pool row, cached length and the new tokens to compute."""
+
+    mode: ForwardMode
+    rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    input_ids: list[int]
+    positions: torch.Tensor
+
+
+def _available_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+class ModelRunner:
+    """Loads the checkpoint and sizes the KV pool; ``forward`` runs the model on a ForwardInput."""
+
+    def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
+        self.args = args
+        self.device = torch.device(args.device)
+        self.config = ModelConfig.from_dir(model_path, dtype=args.dtype)
+        cfg = self.config
+        self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        torch.manual_seed(args.random_seed)
+        self.model = load_model(model_path, cfg, self.device)
+        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+        if args.max_total_tokens is not None:
+            num_slots = args.max_total_tokens
+        else:
+            num_slots = int(_available_memory_bytes() * args.mem_fraction_static) // per_token
+            num_slots = max(min(num_slots, 1 << 20), 4 * self.context_len)
+        ps = args.page_size
+        num_slots = (num_slots + ps) // ps * ps  # one extra page for the reserved padding page
+        self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device)
+        self.allocator = TokenSlotAllocator(num_slots, ps, self.device)
+        self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 8, self.context_len + ps, self.device)
+        backend_cls = get_backend_class(args.attention_backend)
+        self.backend = backend_cls(self.kv_pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                   cfg.head_dim**-0.5, cfg.sliding_window)
+        logger.info(
+            "model %s (%s, %s): KV pool %d tokens, %.1f MiB, page_size %d",
+            model_path, cfg.architecture, str(cfg.dtype).removeprefix("torch."), self.allocator.total_slots,
+            self.kv_pool.size_bytes / 2**20, ps,
+        )
+
+    def build_metadata(self, fi: ForwardInput) -> AttentionMetadata:
+        """Paged metadata (FlashInfer layout) for a batch whose slots are already in req_to_token."""
+        dev = self.device
+        ps = self.args.page_size
+        rows = torch.tensor(fi.rows, dtype=torch.int64, device=dev)
+        prefix = torch.tensor(fi.prefix_lens, dtype=torch.int64, device=dev)
+        extend = torch.tensor(fi.extend_lens, dtype=torch.int64, device=dev)
+        seq = prefix + extend
+        max_seq = max(p + e for p, e in zip(fi.prefix_lens, fi.extend_lens, strict=True))
+        qo_indptr = torch.zeros(len(fi.rows) + 1, dtype=torch.int64, device=dev)
+        qo_indptr[1:] = torch.cumsum(extend, 0)
+        num_pages = (seq + ps - 1) // ps
+        kv_indptr = torch.zeros_like(qo_indptr)
+        kv_indptr[1:] = torch.cumsum(num_pages, 0)
+        max_pages = (max_seq + ps - 1) // ps
+        page_table = self.req_to_token_pool.req_to_token[rows][:, : max_pages * ps : ps] // ps
+        page_ok = torch.arange(max_pages, device=dev)[None, :] < num_pages[:, None]
+        kv_indices = page_table[page_ok]
+        last_page_len = seq - (num_pages - 1) * ps
+        loc_table = self.req_to_token_pool.req_to_token[rows, :max_seq]
+        q_pos = torch.arange(loc_table.shape[1], device=dev)[None, :]
+        loc_ok = (q_pos >= prefix[:, None]) & (q_pos < seq[:, None])
+        out_cache_loc = loc_table[loc_ok]
+        return AttentionMetadata(
+            mode=fi.mode, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+            kv_last_page_len=last_page_len, page_size=ps, prefix_lens=prefix, seq_lens=seq,
+            out_cache_loc=out_cache_loc, max_extend_len=max(fi.extend_lens), max_seq_len=max_seq,
+        )
+
+    @torch.inference_mode()
+    def forward(self, fi: ForwardInput) -> torch.Tensor:
+        """Run the model; returns final hidden states ``[T, hidden]`` of every new token."""
+        md = self.build_metadata(fi)
+        self.backend.init_forward_metadata(md)
+        ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
+        return self.model(ids, fi.positions.to(self.device), self.backend, md)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)

@@ -1,0 +1,74 @@
+"""Req: one request's state inside the worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixrt.protocol import TokenizedGenerateReq
+
+
+class Req:
+    """A request as the scheduler sees it; ``rid`` is the same id as on the wire.
+
+    KV bookkeeping: ``kv_len`` tokens of ``fill_ids`` (prompt + outputs so far) have KV in the
+    row ``req_pool_idx``; the first ``cached_len`` of those are owned by the RadixCache and locked
+    through ``last_node``.
+    """
+
+    __slots__ = (
+        "rid", "origin_input_ids", "output_ids", "params", "seed", "return_logprob", "logprob_start_len",
+        "top_logprobs_num", "cache_salt", "req_pool_idx", "kv_len", "cached_len", "last_node",
+        "cached_tokens", "finish_reason", "extend_len", "fill_ids", "input_logprobs", "input_top_logprobs",
+        "input_logprobs_done", "pending_out", "pending_logprobs", "pending_top_logprobs", "arrival",
+        "retractions", "prefix_probe_len",
+    )
+
+    def __init__(self, msg: TokenizedGenerateReq, arrival: int) -> None:
+        self.rid = msg.rid
+        self.origin_input_ids: list[int] = list(msg.input_ids)
+        self.output_ids: list[int] = []
+        self.params = msg.sampling_params
+        self.seed = msg.seed
+        self.return_logprob = msg.return_logprob
+        start = msg.logprob_start_len
+        self.logprob_start_len = len(self.origin_input_ids) - 1 if start < 0 else start
+        self.top_logprobs_num = msg.top_logprobs_num
+        self.cache_salt = msg.cache_salt
+        self.arrival = arrival
+        self.req_pool_idx: int | None = None
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node: Any = None
+        self.cached_tokens = 0
+        self.finish_reason: dict[str, Any] | None = None
+        self.extend_len = 0
+        self.fill_ids: list[int] = self.origin_input_ids
+        self.input_logprobs: list[tuple[float | None, int]] = []
+        self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
+        self.input_logprobs_done = not (self.return_logprob and self.logprob_start_len < len(self.origin_input_ids))
+        self.pending_out: list[int] = []
+        self.pending_logprobs: list[tuple[float, int]] = []
+        self.pending_top_logprobs: list[list[tuple[float, int]]] = []
+        self.retractions = 0
+        self.prefix_probe_len = 0
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.kv_len >= len(self.fill_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def reset_fill(self) -> None:
+        """Tokens that need KV before the next token can be sampled (after admission or retraction)."""
+        self.fill_ids = self.origin_input_ids + self.output_ids
+
+    def max_prefix_len(self) -> int:
+        """How much of fill_ids may come from the cache: at least one token is always computed, and
+        prompt logprobs need their positions computed."""
+        limit = len(self.fill_ids) - 1
+        if not self.input_logprobs_done:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)

@@ -1,0 +1,398 @@
+"""The worker's scheduler loop: admit (prefill first, chunked) or decode, forward, sample, report.
+
+Transport-agnostic: requests come from an ``Inbox`` (a thread queue in-process, a ZeroMQ socket in
+the server) and every step's outputs go to ``send`` as one BatchTokenOut.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from kernels.base import ForwardMode
+from radixrt.mem_cache.radix_cache import RadixCache
+from radixrt.protocol import (
+    AbortReq,
+    BatchTokenOut,
+    FlushCacheReq,
+    GetStatsReq,
+    ReqOut,
+    StatsOut,
+    TokenizedGenerateReq,
+    WorkerInput,
+    WorkerOutput,
+)
+from radixrt.sampling.logprobs import compute_logprobs
+from radixrt.sampling.sampler import sample
+from radixrt.sampling.sampling_batch import SamplingBatchInfo
+from radixrt.server_args import ServerArgs
+from radixrt.worker.kv_manager import KVManager
+from radixrt.worker.model_runner import ForwardInput, ModelRunner
+from radixrt.worker.req import Req
+from radixrt.worker.schedule_policy import order_waiting, shared_uncached_prefix
+from radixrt.worker.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+# In-batch dedup: a waiting request sharing at least this many uncached tokens with one already
+# admitted this round waits a round, so it hits the cache instead of recomputing the prefix.
+DEDUP_MIN_SHARED = 32
+# Decode growth reserved at admission per running request: ratio x remaining max_new_tokens (clipped).
+NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.15, 0.002
+CLIP_MAX_NEW_TOKENS = 1024
+
+
+class Inbox(Protocol):
+    """Where the scheduler reads requests from."""
+
+    def poll(self, block: bool) -> list[WorkerInput]: ...
+
+
+class Scheduler:
+    """Continuous batching over the RadixCache; one ``step`` is one forward (or none when idle)."""
+
+    def __init__(self, args: ServerArgs, model_path: str, eos_token_ids: list[int],
+                 send: Callable[[WorkerOutput], None]) -> None:
+        self.args = args
+        self.runner = ModelRunner(args, model_path)
+        self.vocab_size = self.runner.config.vocab_size
+        self.eos_ids = set(eos_token_ids) | set(self.runner.config.eos_token_ids)
+        self.tree = RadixCache(self.runner.allocator, args.page_size, args.radix_eviction_policy,
+                               disable=args.disable_radix_cache)
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token_pool, self.tree)
+        self.send = send
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.by_rid: dict[str, Req] = {}
+        self.arrivals = 0
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self.stats = SchedulerStats()
+        self.check_invariant_each_step = False
+
+    # -- loop -----------------------------------------------------------------------------------
+    def run_forever(self, inbox: Inbox, should_stop: Callable[[], bool]) -> None:
+        """Poll, step, repeat; block on the inbox while idle."""
+        while not should_stop():
+            msgs = inbox.poll(block=self.is_idle())
+            for msg in msgs:
+                self.handle(msg)
+            self.step()
+
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked)
+
+    def live_reqs(self) -> list[Req]:
+        return self.running + ([self.chunked] if self.chunked is not None else [])
+
+    def handle(self, msg: WorkerInput) -> None:
+        """Apply one incoming message."""
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg.rid, msg.reason)
+        elif isinstance(msg, FlushCacheReq):
+            self.send(self.flush_cache())
+        elif isinstance(msg, GetStatsReq):
+            self.send(StatsOut(stats=self.snapshot()))
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        req = Req(msg, self.arrivals)
+        self.arrivals += 1
+        error = None
+        if len(req.origin_input_ids) + req.params.max_new_tokens > self.runner.context_len + 1:
+            error = (f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
+                     f"({req.params.max_new_tokens}) exceeds the context length {self.runner.context_len}")
+        elif len(req.origin_input_ids) + 1 > self.kv.allocator.total_slots:
+            error = f"prompt ({len(req.origin_input_ids)} tokens) does not fit the KV pool"
+        if error is not None:
+            self.send(BatchTokenOut([ReqOut(req.rid, [], len(req.origin_input_ids), 0,
+                                            {"type": "abort", "message": error})]))
+            return
+        self.by_rid[req.rid] = req
+        self.waiting.append(req)
+        self.stats.on_arrival(req)
+
+    def abort(self, rid: str, reason: str) -> None:
+        req = self.by_rid.get(rid)
+        if req is None:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req is self.chunked:
+            self.chunked = None
+        elif req in self.running:
+            self.running.remove(req)
+        self.kv.release(req)
+        req.finish_reason = {"type": "abort", "message": reason}
+        self._emit([req])
+
+    def flush_cache(self) -> StatsOut:
+        if not self.is_idle():
+            return StatsOut(ok=False, message="cannot flush the cache while requests are running")
+        self.tree.reset()
+        self.kv.check_invariant([], idle=True)
+        return StatsOut(ok=True, message="cache flushed")
+
+    def snapshot(self) -> dict[str, float]:
+        return self.stats.snapshot(self)
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One forward: a prefill batch if anything can be admitted, else one decode step."""
+        batch = self._admit()
+        if batch:
+            self._run_extend(batch)
+        elif self.running:
+            self._run_decode()
+        if self.check_invariant_each_step:
+            self.kv.check_invariant(self.live_reqs(), idle=self.is_idle())
+
+    def _reserved_decode(self) -> float:
+        total = 0.0
+        for r in self.running:
+            remaining = max(r.params.max_new_tokens - len(r.output_ids), 0)
+            total += min(remaining, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+        return total
+
+    def _admit(self) -> list[Req]:
+        """Choose this round's prefill batch, give each request its prefix and slots."""
+        args = self.args
+        budget = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.max_prefill_tokens
+        batch: list[Req] = []
+        if self.chunked is not None:
+            req, self.chunked = self.chunked, None
+            take = min(len(req.fill_ids) - req.kv_len, budget)
+            if not self.kv.alloc(req, take):
+                self._retract_for(req)
+                return []
+            req.extend_len = take
+            batch.append(req)
+            budget -= take
+            if not req.prefill_done and req.kv_len + take < len(req.fill_ids):
+                return batch
+        if not self.waiting or budget <= 0:
+            return batch
+        headroom = self.kv.available() - self._reserved_decode()
+        for req in order_waiting(self.waiting, args.schedule_policy, self.tree):
+            if len(self.running) + len(batch) >= args.max_running_requests or budget <= 0:
+                break
+            if not self.kv.admit(req):
+                break
+            extend = len(req.fill_ids) - req.kv_len
+            dedup = batch and extend > DEDUP_MIN_SHARED and not self.tree.disable
+            if dedup and shared_uncached_prefix(req, batch, req.kv_len) >= DEDUP_MIN_SHARED:
+                self.kv.release(req)  # wait one round: the prefix will be cached by then
+                continue
+            take = min(extend, budget)
+            reserve = min(req.params.max_new_tokens, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+            need = self.kv.pages_needed(req, take) + (reserve if take == extend else 0)
+            if need > headroom and (batch or self.running):
+                self.kv.release(req)
+                break
+            if not self.kv.alloc(req, take):
+                self.kv.release(req)
+                if not batch and not self.running:  # nothing else holds memory: it can never fit
+                    self.waiting.remove(req)
+                    req.finish_reason = {"type": "abort", "message": "out of KV memory: request exceeds the KV pool"}
+                    self._emit([req])
+                break
+            headroom -= need
+            if req.retractions == 0 and not req.output_ids:
+                req.cached_tokens = req.kv_len
+            req.extend_len = take
+            self.waiting.remove(req)
+            batch.append(req)
+            budget -= take
+            if take < extend:
+                break
+        return batch
+
+    def _run_extend(self, batch: list[Req]) -> None:
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        for req in batch:
+            ids.extend(req.fill_ids[req.kv_len : req.kv_len + req.extend_len])
+            positions.append(torch.arange(req.kv_len, req.kv_len + req.extend_len))
+        fi = ForwardInput(ForwardMode.EXTEND, [r.req_pool_idx for r in batch if r.req_pool_idx is not None],
+                          [r.kv_len for r in batch], [r.extend_len for r in batch], ids, torch.cat(positions))
+        hidden = self.runner.forward(fi)
+        offset = 0
+        done: list[Req] = []
+        for req in batch:
+            start = req.kv_len
+            req.kv_len += req.extend_len
+            self.stats.computed_prefill_tokens += req.extend_len
+            if not req.input_logprobs_done:
+                self._input_logprobs(req, hidden[offset : offset + req.extend_len], start)
+            offset += req.extend_len
+            if req.prefill_done:
+                done.append(req)
+            else:
+                self.chunked = req
+                self.kv.cache_unfinished(req)
+        if done:
+            last_rows = []
+            acc = 0
+            for req in batch:
+                acc += req.extend_len
+                if req.prefill_done:
+                    last_rows.append(acc - 1)
+            to_sample = [r for r in done if r.params.max_new_tokens > 0]
+            for req in done:
+                if req.params.max_new_tokens == 0:
+                    req.finish_reason = {"type": "length", "length": 0}
+            if to_sample:
+                rows = [row for row, r in zip(last_rows, done, strict=True) if r.params.max_new_tokens > 0]
+                self._sample_and_append(to_sample, self.runner.logits(hidden[rows]))
+            for req in done:
+                if req.finish_reason is None:
+                    self.kv.cache_unfinished(req)
+                    self.running.append(req)
+            self._finish([r for r in done if r.finish_reason is not None])
+        self._emit(batch)
+
+    def _input_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
+        """Prompt logprobs: logits at position p score token p+1 (position 0 gets None)."""
+        first = req.logprob_start_len
+        prompt_len = len(req.origin_input_ids)
+        if first == 0 and start == 0:
+            req.input_logprobs.append((None, req.origin_input_ids[0]))
+            req.input_top_logprobs.append(None)
+        lo = max(start, first - 1, 0)
+        hi = min(start + req.extend_len, prompt_len - 1)
+        if hi > lo:
+            logits = self.runner.logits(hidden[lo - start : hi - start])
+            targets = torch.tensor(req.origin_input_ids[lo + 1 : hi + 1], dtype=torch.int64)
+            res = compute_logprobs(logits, targets, req.top_logprobs_num)
+            tok = res.token_logprobs.tolist()
+            req.input_logprobs.extend(zip(tok, req.origin_input_ids[lo + 1 : hi + 1], strict=True))
+            if req.top_logprobs_num:
+                for vals, ids in zip(res.top_logprobs.tolist(), res.top_ids.tolist(), strict=True):
+                    req.input_top_logprobs.append(list(zip(vals, ids, strict=True)))
+            else:
+                req.input_top_logprobs.extend([None] * len(tok))
+        if start + req.extend_len >= prompt_len:
+            req.input_logprobs_done = True
+
+    def _run_decode(self) -> None:
+        self._ensure_decode_memory()
+        reqs = list(self.running)
+        if not reqs:
+            return
+        for req in reqs:
+            ok = self.kv.alloc(req, 1)
+            assert ok, "decode slot allocation failed after retraction"
+        kv_lens = [r.kv_len for r in reqs]
+        fi = ForwardInput(ForwardMode.DECODE, [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
+                          kv_lens, [1] * len(reqs), [r.output_ids[-1] for r in reqs],
+                          torch.tensor(kv_lens, dtype=torch.int64))
+        hidden = self.runner.forward(fi)
+        for req in reqs:
+            req.kv_len += 1
+        self._sample_and_append(reqs, self.runner.logits(hidden))
+        finished = [r for r in reqs if r.finish_reason is not None]
+        if finished:
+            self.running = [r for r in self.running if r.finish_reason is None]
+            self._finish(finished)
+        self._emit(reqs)
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
+
+    def _ensure_decode_memory(self) -> None:
+        """Make room for one more token per running request, retracting the least advanced if needed."""
+        while self.running:
+            need = sum(self.kv.pages_needed(r, 1) for r in self.running)
+            if need <= self.kv.available():
+                return
+            if len(self.running) == 1:  # even alone it does not fit: the pool is too small for it
+                req = self.running.pop()
+                req.finish_reason = {"type": "abort", "message": "out of KV memory: sequence exceeds the KV pool"}
+                self._finish([req])
+                self._emit([req])
+                return
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+            self._retract(victim)
+
+    def _retract(self, req: Req) -> None:
+        self.running.remove(req)
+        self.kv.release(req)
+        req.retractions += 1
+        req.reset_fill()
+        self.waiting.append(req)
+        self.stats.retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+        logger.debug("retracted %s after %d tokens", req.rid, len(req.output_ids))
+
+    def _retract_for(self, req: Req) -> None:
+        """A chunked request could not get slots: put it back to waiting."""
+        self.kv.release(req)
+        req.retractions += 1
+        req.reset_fill()
+        self.waiting.append(req)
+
+    # -- sampling and finishing -----------------------------------------------------------------
+    def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        banned = [
+            sorted(self.eos_ids | set(r.params.stop_token_ids))
+            if len(r.output_ids) < r.params.min_new_tokens else []
+            for r in reqs
+        ]
+        info = SamplingBatchInfo.build(
+            [r.params for r in reqs], [r.seed for r in reqs], [len(r.output_ids) for r in reqs],
+            [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs], banned, self.vocab_size,
+        )
+        next_ids = sample(logits, info)
+        want = [i for i, r in enumerate(reqs) if r.return_logprob]
+        if want:
+            top_k = max(reqs[i].top_logprobs_num for i in want)
+            res = compute_logprobs(logits[want], next_ids[want], top_k)
+            for j, i in enumerate(want):
+                req = reqs[i]
+                req.pending_logprobs.append((float(res.token_logprobs[j]), int(next_ids[i])))
+                if req.top_logprobs_num:
+                    k = req.top_logprobs_num
+                    vals, ids = res.top_logprobs[j, :k].tolist(), res.top_ids[j, :k].tolist()
+                    req.pending_top_logprobs.append(list(zip(vals, ids, strict=True)))
+        for req, tok in zip(reqs, next_ids.tolist(), strict=True):
+            req.output_ids.append(tok)
+            req.pending_out.append(tok)
+            self._check_finished(req, tok)
+
+    def _check_finished(self, req: Req, tok: int) -> None:
+        p = req.params
+        if len(req.output_ids) >= p.min_new_tokens:
+            if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+                req.finish_reason = {"type": "stop", "matched": tok}
+                return
+        if len(req.output_ids) >= p.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": p.max_new_tokens}
+        elif req.seq_len >= self.runner.context_len:
+            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+
+    def _finish(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            self.kv.release(req)
+            self.stats.on_finish(req)
+
+    def _emit(self, reqs: list[Req]) -> None:
+        outs = []
+        for req in reqs:
+            out = ReqOut(req.rid, req.pending_out, len(req.origin_input_ids), req.cached_tokens,
+                         req.finish_reason)
+            if req.return_logprob:
+                out.output_logprobs = req.pending_logprobs
+                out.output_top_logprobs = req.pending_top_logprobs if req.top_logprobs_num else None
+                if req.input_logprobs:
+                    out.input_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs
+                    req.input_logprobs, req.input_top_logprobs = [], []
+                req.pending_logprobs, req.pending_top_logprobs = [], []
+            req.pending_out = []
+            if req.finish_reason is not None:
+                self.by_rid.pop(req.rid, None)
+            outs.append(out)
+        if outs:
+            self.send(BatchTokenOut(outs))

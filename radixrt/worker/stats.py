@@ -1,0 +1,59 @@
+"""Worker-side counters (feed /metrics, /get_server_info and the benchmarks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from radixrt.worker.req import Req
+
+if TYPE_CHECKING:
+    from radixrt.worker.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Cumulative counts since start (or since the last ``reset``)."""
+
+    num_requests: int = 0
+    num_finished: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    computed_prefill_tokens: int = 0
+    generation_tokens: int = 0
+    retractions: int = 0
+
+    def on_arrival(self, req: Req) -> None:
+        self.num_requests += 1
+        self.prompt_tokens += len(req.origin_input_ids)
+
+    def on_finish(self, req: Req) -> None:
+        self.num_finished += 1
+        self.cached_tokens += req.cached_tokens
+        self.generation_tokens += len(req.output_ids)
+
+    def reset(self) -> None:
+        for name in self.__slots__:  # type: ignore[attr-defined]
+            setattr(self, name, 0)
+
+    def snapshot(self, sched: Scheduler) -> dict[str, float]:
+        kv = sched.kv
+        total = kv.allocator.total_slots
+        used = total - kv.allocator.available_size() - kv.tree.evictable_size()
+        return {
+            "num_requests": self.num_requests,
+            "num_finished": self.num_finished,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "computed_prefill_tokens": self.computed_prefill_tokens,
+            "generation_tokens": self.generation_tokens,
+            "retractions": self.retractions,
+            "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "num_running_reqs": len(sched.running) + (1 if sched.chunked else 0),
+            "num_queue_reqs": len(sched.waiting),
+            "kv_total_tokens": total,
+            "kv_used_tokens": used,
+            "kv_cached_tokens": kv.tree.total_size(),
+            "kv_token_usage": used / total if total else 0.0,
+            "evicted_tokens": kv.tree.stats.evicted_tokens,
+        }
