@@ -1,0 +1,116 @@
+"""RadixCache end to end: identical greedy outputs with the cache on and off, cached_tokens, salts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.hf_reference import hf_greedy
+from tests.test_engine import engine_factory, prompts_of  # noqa: F401  (fixture re-export)
+
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+def shared_prompts(system_len: int, n: int, q_len: int, seed: int) -> tuple[list[int], list[list[int]]]:
+    rng = random.Random(seed)
+    system = [rng.randrange(10, 8000) for _ in range(system_len)]
+    return system, [system + [rng.randrange(10, 8000) for _ in range(q_len)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_shared_system_prompt_hits_and_matches(tiny_llama: Path, page_size: int, engine_factory) -> None:
+    on = engine_factory(tiny_llama, page_size=page_size, chunked_prefill_size=24)
+    off = engine_factory(tiny_llama, page_size=page_size, chunked_prefill_size=24, disable_radix_cache=True)
+    system, prompts = shared_prompts(70, 4, 9, seed=10)
+    first = on.generate(input_ids=prompts[0], sampling_params=GREEDY)
+    assert first["meta_info"]["cached_tokens"] == 0
+    rest = on.generate(input_ids=prompts[1:], sampling_params=GREEDY)
+    expected_hit = len(system) // page_size * page_size
+    for out in rest:
+        assert out["meta_info"]["cached_tokens"] == expected_hit
+    ref = off.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in [first, *rest]] == [o["output_ids"] for o in ref]
+    assert all(o["meta_info"]["cached_tokens"] == 0 for o in ref)
+    assert ref[0]["output_ids"] == hf_greedy(tiny_llama, prompts[0], GREEDY["max_new_tokens"])
+
+
+def test_in_batch_dedup_computes_shared_prefix_once(tiny_llama: Path, engine_factory) -> None:
+    eng = engine_factory(tiny_llama)
+    system, prompts = shared_prompts(200, 6, 5, seed=11)
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    info = eng.get_server_info()
+    union = len(system) + 6 * 5
+    assert info["computed_prefill_tokens"] <= union + 6  # at most one extra token per request
+    assert sum(o["meta_info"]["cached_tokens"] for o in outs) >= 5 * len(system)
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+
+
+def test_multi_turn_continuation_hits_previous_turn(tiny_qwen2: Path, engine_factory) -> None:
+    eng = engine_factory(tiny_qwen2)
+    ids = prompts_of([40], seed=12)[0]
+    history = list(ids)
+    for _turn in range(3):
+        out = eng.generate(input_ids=history, sampling_params=GREEDY)
+        assert out["output_ids"] == hf_greedy(tiny_qwen2, history, GREEDY["max_new_tokens"])
+        prev_len = len(history)
+        history = history + out["output_ids"] + prompts_of([6], seed=prev_len)[0]
+        nxt = eng.generate(input_ids=history, sampling_params={**GREEDY, "max_new_tokens": 0})
+        # everything but the last generated token (which had no KV yet) was cached
+        assert nxt["meta_info"]["cached_tokens"] >= prev_len + len(out["output_ids"]) - 1
+
+
+def test_n_samples_share_prompt_kv(tiny_llama: Path, engine_factory) -> None:
+    eng = engine_factory(tiny_llama)
+    ids = prompts_of([150], seed=13)[0]
+    outs = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 6, "n": 4, "seed": 3, "ignore_eos": True})
+    assert len(outs) == 4
+    assert eng.get_server_info()["computed_prefill_tokens"] <= 150 + 4
+
+
+def test_eviction_and_retraction_keep_outputs(tiny_llama: Path, engine_factory) -> None:
+    small = engine_factory(tiny_llama, max_total_tokens=256, chunked_prefill_size=32)
+    system, prompts = shared_prompts(40, 8, 12, seed=14)
+    params = {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True}
+    outs = small.generate(input_ids=prompts, sampling_params=params)
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out["output_ids"] == hf_greedy(tiny_llama, ids, 30)
+    others = prompts_of([100, 90, 110], seed=15)
+    small.generate(input_ids=others, sampling_params=params)
+    info = small.get_server_info()
+    assert info["evicted_tokens"] > 0 and info["retractions"] > 0
+
+
+def test_cache_salt_isolates_tenants(tiny_llama: Path, engine_factory) -> None:
+    eng = engine_factory(tiny_llama)
+    ids = prompts_of([64], seed=16)[0]
+    eng.generate(input_ids=ids, sampling_params=GREEDY, cache_salt="alice")
+    bob = eng.generate(input_ids=ids, sampling_params=GREEDY, cache_salt="bob")
+    anon = eng.generate(input_ids=ids, sampling_params=GREEDY)
+    alice = eng.generate(input_ids=ids, sampling_params=GREEDY, cache_salt="alice")
+    assert bob["meta_info"]["cached_tokens"] == 0
+    assert anon["meta_info"]["cached_tokens"] == 0
+    assert alice["meta_info"]["cached_tokens"] == 63
+    assert alice["output_ids"] == bob["output_ids"] == anon["output_ids"]
+
+
+def test_flush_cache(tiny_llama: Path, engine_factory) -> None:
+    eng = engine_factory(tiny_llama)
+    ids = prompts_of([50], seed=17)[0]
+    eng.generate(input_ids=ids, sampling_params=GREEDY)
+    assert eng.generate(input_ids=ids, sampling_params=GREEDY)["meta_info"]["cached_tokens"] == 49
+    assert eng.flush_cache()
+    assert eng.generate(input_ids=ids, sampling_params=GREEDY)["meta_info"]["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs"])
+def test_policies_same_outputs(tiny_llama: Path, policy: str, engine_factory) -> None:
+    eng = engine_factory(tiny_llama, schedule_policy=policy, max_running_requests=3)
+    _, a = shared_prompts(30, 3, 4, seed=18)
+    _, b = shared_prompts(50, 3, 4, seed=19)
+    prompts = [x for pair in zip(a, b, strict=True) for x in pair]
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
