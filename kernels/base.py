@@ -63,8 +63,15 @@ class AttentionBackend(ABC):
     ``forward`` runs per layer: it stores the new K/V at ``out_cache_loc`` and attends.
     """
 
-    def __init__(self, kv: KVStore, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None) -> None:
+    def __init__(
+        self,
+        kv: KVStore,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> None:
         self.kv = kv
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -77,8 +84,9 @@ class AttentionBackend(ABC):
         """Prepare per-forward state shared by every layer."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                md: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+    ) -> torch.Tensor:
         """``q`` [T, H, D], ``k``/``v`` [T, KVH, D] -> output [T, H, D]."""
 
 

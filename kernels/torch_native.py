@@ -32,7 +32,9 @@ class TorchNativeBackend(AttentionBackend):
         page_pos = torch.arange(max_pages, device=dev)
         page_ok = page_pos[None, :] < num_pages[:, None]
         flat = (md.kv_indptr[:-1, None] + page_pos[None, :]).clamp(max=max(md.kv_indices.numel() - 1, 0))
-        pages = torch.where(page_ok, md.kv_indices[flat], 0) if md.kv_indices.numel() else torch.zeros_like(flat)
+        pages = (
+            torch.where(page_ok, md.kv_indices[flat], 0) if md.kv_indices.numel() else torch.zeros_like(flat)
+        )
         if ps == 1:
             slots = pages
         else:
@@ -57,18 +59,25 @@ class TorchNativeBackend(AttentionBackend):
         mask[:, :, 0] |= ~self._q_valid
         self._mask = mask[:, None, :, :]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                md: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+    ) -> torch.Tensor:
         self.kv.set_kv(layer_id, md.out_cache_loc, k, v)
         k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)
         if md.max_extend_len == 1:
-            queries = q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
+            queries = (
+                q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
+            )
         else:
             queries = q[self._q_index].transpose(1, 2)  # [B, H, Q, D]
         out = F.scaled_dot_product_attention(
-            queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=self._mask, scale=self.scale,
+            queries,
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=self._mask,
+            scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         if md.max_extend_len == 1 and q.shape[0] == md.batch_size:

@@ -13,8 +13,12 @@ class IncrementalDecoder:
     same text as decoding everything at once.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special = skip_special_tokens
         self.spaces_between = spaces_between_special_tokens
@@ -23,8 +27,11 @@ class IncrementalDecoder:
         self.read_offset = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special,
-                                     spaces_between_special_tokens=self.spaces_between)
+        text = self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special, spaces_between_special_tokens=self.spaces_between
+        )
+        assert isinstance(text, str)
+        return text
 
     def push(self, new_ids: list[int]) -> str:
         """Add tokens; return the newly completed text (may be empty while a character is incomplete)."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,46 +45,104 @@ class Engine:
         cfg: ModelConfig = self.worker.scheduler.runner.config
         name = args.served_model_name or Path(model_path).name
         self.tokenizer_manager = TokenizerManager(
-            self.tokenizer, self.worker, self.worker.scheduler.runner.context_len, cfg.vocab_size, name,
+            self.tokenizer,
+            self.worker,
+            self.worker.scheduler.runner.context_len,
+            cfg.vocab_size,
+            name,
             args.random_seed,
         )
         self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="radixrt-engine-loop", daemon=True)
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="radixrt-engine-loop", daemon=True
+        )
         self._loop_thread.start()
         self._closed = False
 
     # -- generation -----------------------------------------------------------------------------
     @staticmethod
-    def _request(prompt: str | list[str] | None, sampling_params: Any, input_ids: Any, return_logprob: Any,
-                 logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool, stream: bool,
-                 rid: Any, cache_salt: Any) -> GenerateReqInput:
+    def _request(
+        prompt: str | list[str] | None,
+        sampling_params: Any,
+        input_ids: Any,
+        return_logprob: Any,
+        logprob_start_len: Any,
+        top_logprobs_num: Any,
+        return_text_in_logprobs: bool,
+        stream: bool,
+        rid: Any,
+        cache_salt: Any,
+    ) -> GenerateReqInput:
         return GenerateReqInput(
-            text=prompt, input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs, stream=stream, rid=rid, cache_salt=cache_salt,
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            stream=stream,
+            rid=rid,
+            cache_salt=cache_salt,
         )
 
-    def generate(self, prompt: str | list[str] | None = None, sampling_params: Any = None,
-                 input_ids: Any = None, return_logprob: bool | list[bool] = False,
-                 logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
-                 return_text_in_logprobs: bool = False, stream: bool = False, rid: Any = None,
-                 cache_salt: Any = None) -> Any:
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: Any = None,
+        cache_salt: Any = None,
+    ) -> Any:
         """Generate for one prompt (a dict), a batch (a list of dicts) or, with ``stream``, an iterator."""
-        obj = self._request(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                            top_logprobs_num, return_text_in_logprobs, stream, rid, cache_salt)
+        obj = self._request(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            stream,
+            rid,
+            cache_salt,
+        )
         if stream:
             return self._sync_stream(obj)
         fut = asyncio.run_coroutine_threadsafe(self._collect(obj), self._loop)
         return fut.result()
 
-    async def async_generate(self, prompt: str | list[str] | None = None, sampling_params: Any = None,
-                             input_ids: Any = None, return_logprob: bool | list[bool] = False,
-                             logprob_start_len: int | list[int] | None = None,
-                             top_logprobs_num: int | list[int] | None = None, return_text_in_logprobs: bool = False,
-                             stream: bool = False, rid: Any = None, cache_salt: Any = None) -> Any:
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: Any = None,
+        cache_salt: Any = None,
+    ) -> Any:
         """Awaitable twin of ``generate``; with ``stream`` it returns an async iterator."""
-        obj = self._request(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                            top_logprobs_num, return_text_in_logprobs, stream, rid, cache_salt)
+        obj = self._request(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            stream,
+            rid,
+            cache_salt,
+        )
         if stream:
             return self.tokenizer_manager.generate(obj)
         return await self._collect(obj)
@@ -95,11 +154,11 @@ class Engine:
         return result
 
     def _sync_stream(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
-        agen: AsyncIterator[dict[str, Any]] = self.tokenizer_manager.generate(obj)
+        agen: AsyncGenerator[dict[str, Any], None] = self.tokenizer_manager.generate(obj)
         try:
             while True:
                 try:
-                    yield asyncio.run_coroutine_threadsafe(agen.__anext__(), self._loop).result()
+                    yield asyncio.run_coroutine_threadsafe(_anext(agen), self._loop).result()
                 except StopAsyncIteration:
                     return
         finally:
@@ -108,18 +167,29 @@ class Engine:
     # -- admin ----------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
         """Empty the RadixCache; False (nothing done) while requests run."""
-        fut = asyncio.run_coroutine_threadsafe(self.tokenizer_manager.control_request(FlushCacheReq()), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(
+            self.tokenizer_manager.control_request(FlushCacheReq()), self._loop
+        )
         return fut.result().ok
 
     def get_server_info(self) -> dict[str, Any]:
-        fut = asyncio.run_coroutine_threadsafe(self.tokenizer_manager.control_request(GetStatsReq()), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(
+            self.tokenizer_manager.control_request(GetStatsReq()), self._loop
+        )
         return {**self.server_args.to_dict(), "model_path": self.model_path, **fut.result().stats}
 
-    def check_invariant(self, idle: bool = True) -> None:
-        """Assert the KV accounting invariant on the scheduler thread (idle: nothing in use)."""
-        self.worker.call(lambda s: s.kv.check_invariant(s.live_reqs(), idle=idle and s.is_idle()))
-        if idle:
-            self.worker.call(lambda s: s.kv.check_invariant(s.live_reqs(), idle=True) if s.is_idle() else None)
+    def check_invariant(self, idle: bool = True, timeout: float = 10.0) -> None:
+        """Assert the KV accounting invariant on the scheduler thread.
+
+        With ``idle`` it first waits (up to ``timeout`` s) for in-flight aborts to drain, then also
+        asserts that nothing is in use or locked.
+        """
+        deadline = time.monotonic() + timeout
+        while idle and not self.worker.call(lambda s: s.is_idle()):
+            if time.monotonic() > deadline:
+                raise AssertionError("scheduler not idle")
+            time.sleep(0.01)
+        self.worker.call(lambda s: s.kv.check_invariant(s.live_reqs(), idle=idle))
 
     def shutdown(self) -> None:
         """Stop the scheduler thread and the event loop."""
@@ -135,3 +205,7 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+async def _anext(agen: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any]:
+    return await agen.__anext__()

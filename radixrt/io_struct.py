@@ -26,7 +26,8 @@ class GenerateReqInput:
     def is_batch(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, list)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        ids = self.input_ids
+        return ids is not None and len(ids) > 0 and isinstance(ids[0], list)
 
     def batch_size(self) -> int:
         if self.text is not None:
@@ -50,7 +51,11 @@ class GenerateReqInput:
 
         text = self.text[i] if batch and isinstance(self.text, list) else self.text
         ids = self.input_ids[i] if batch and self.input_ids is not None else self.input_ids
-        rid = self.rid[i] if isinstance(self.rid, list) else (f"{self.rid}-{i}" if batch and self.rid else self.rid)
+        rid = (
+            self.rid[i]
+            if isinstance(self.rid, list)
+            else (f"{self.rid}-{i}" if batch and self.rid else self.rid)
+        )
         return SingleReq(
             text=text if isinstance(text, str) or text is None else _bad("text", "must be a string"),
             input_ids=ids,  # type: ignore[arg-type]

@@ -73,5 +73,26 @@ class StatsOut(msgspec.Struct, tag=True):
     stats: dict[str, float] = msgspec.field(default_factory=dict)
 
 
+class WorkerReady(msgspec.Struct, tag=True):
+    """Handshake: the worker process loaded the model and is polling its inbox (first message out)."""
+
+    pid: int
+    architecture: str
+    dtype: str
+    context_len: int
+    vocab_size: int
+    kv_total_tokens: int
+    kv_bytes: int
+    page_size: int
+    max_running_requests: int
+
+
+class WorkerStartupFailed(msgspec.Struct, tag=True):
+    """Handshake: the worker process could not start (bad checkpoint, out of memory, ...)."""
+
+    message: str
+
+
 WorkerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq
 WorkerOutput = BatchTokenOut | StatsOut
+WorkerHandshake = WorkerReady | WorkerStartupFailed

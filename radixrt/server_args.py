@@ -46,13 +46,17 @@ class ServerArgs:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy: {self.schedule_policy!r} not in {SCHEDULE_POLICIES}")
         if self.radix_eviction_policy not in EVICTION_POLICIES:
-            raise ValueError(f"radix_eviction_policy: {self.radix_eviction_policy!r} not in {EVICTION_POLICIES}")
+            raise ValueError(
+                f"radix_eviction_policy: {self.radix_eviction_policy!r} not in {EVICTION_POLICIES}"
+            )
         if self.page_size < 1:
             raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests: must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise ValueError(f"chunked_prefill_size: must be > 0 or -1 (off), got {self.chunked_prefill_size}")
+            raise ValueError(
+                f"chunked_prefill_size: must be > 0 or -1 (off), got {self.chunked_prefill_size}"
+            )
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens: {self.max_total_tokens} is too small")
         if not 0 < self.mem_fraction_static <= 1:
@@ -76,8 +80,10 @@ class ServerArgs:
             if f.type in ("bool",):
                 parser.add_argument(flag, action="store_true", default=default)
                 continue
-            kind: Any = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-            choices = None
+            kind: Any = {"int": int, "float": float, "int | None": int, "float | None": float}.get(
+                str(f.type), str
+            )
+            choices: tuple[str, ...] | None = None
             if f.name == "schedule_policy":
                 choices = SCHEDULE_POLICIES
             elif f.name == "radix_eviction_policy":

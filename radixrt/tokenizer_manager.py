@@ -12,7 +12,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,8 +63,15 @@ class ReqState:
 class TokenizerManager:
     """Front half of the request path (no tensors here)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, worker: WorkerClient, context_len: int,
-                 vocab_size: int, model_name: str, random_seed: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        worker: WorkerClient,
+        context_len: int,
+        vocab_size: int,
+        model_name: str,
+        random_seed: int = 0,
+    ) -> None:
         self.tokenizer = tokenizer
         self.worker = worker
         self.context_len = context_len
@@ -102,18 +109,27 @@ class TokenizerManager:
             raise WorkerDeadError("the worker is not running")
         fut: asyncio.Future[StatsOut] = asyncio.get_running_loop().create_future()
         self.control.append(fut)
-        self.worker.send(msg)
+        try:
+            self.worker.send(msg)
+        except BaseException:
+            if fut in self.control:
+                self.control.remove(fut)
+            raise
         return await fut
 
     # -- validation and tokenization ------------------------------------------------------------
     def tokenize(self, req: SingleReq) -> list[int]:
         if req.input_ids is not None:
             ids = req.input_ids
-            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
                 raise ValueError("input_ids: must be a list of integers")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise ValueError(f"input_ids: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(
+                    f"input_ids: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})"
+                )
         else:
             if not isinstance(req.text, str):
                 raise ValueError("text: must be a string")
@@ -128,7 +144,9 @@ class TokenizerManager:
         params.validate(self.vocab_size)
         ids = self.tokenize(req)
         if len(ids) >= self.context_len:
-            raise ValueError(f"text: the prompt has {len(ids)} tokens; the context length is {self.context_len}")
+            raise ValueError(
+                f"text: the prompt has {len(ids)} tokens; the context length is {self.context_len}"
+            )
         if len(ids) + params.max_new_tokens > self.context_len:
             raise ValueError(
                 f"max_new_tokens: prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
@@ -146,15 +164,22 @@ class TokenizerManager:
         base_seed = params.seed if params.seed is not None else self._seeds.randrange(2**62)
         out = []
         for i in range(params.n):
-            out.append(TokenizedGenerateReq(
-                rid=rid if params.n == 1 else f"{rid}-{i}", input_ids=ids, sampling_params=params,
-                seed=base_seed + i, return_logprob=req.return_logprob, logprob_start_len=min(start, len(ids) - 1),
-                top_logprobs_num=top, cache_salt=req.cache_salt,
-            ))
+            out.append(
+                TokenizedGenerateReq(
+                    rid=rid if params.n == 1 else f"{rid}-{i}",
+                    input_ids=ids,
+                    sampling_params=params,
+                    seed=base_seed + i,
+                    return_logprob=req.return_logprob,
+                    logprob_start_len=min(start, len(ids) - 1),
+                    top_logprobs_num=top,
+                    cache_salt=req.cache_salt,
+                )
+            )
         return out, params
 
     # -- generation -----------------------------------------------------------------------------
-    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, obj: GenerateReqInput) -> AsyncGenerator[dict[str, Any], None]:
         """Yield outputs: for a stream, cumulative snapshots; otherwise one final result.
 
         A batch (or ``n > 1``) yields a list of results when not streaming, and snapshots carrying
@@ -206,8 +231,9 @@ class TokenizerManager:
             result = out
         return result
 
-    async def _one(self, s: SingleReq, treq: TokenizedGenerateReq, params: SamplingParams,
-                   stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def _one(
+        self, s: SingleReq, treq: TokenizedGenerateReq, params: SamplingParams, stream: bool
+    ) -> AsyncIterator[dict[str, Any]]:
         if not self.worker.is_alive():
             raise WorkerDeadError("the worker is not running")
         if treq.rid in self.states:
@@ -216,8 +242,8 @@ class TokenizerManager:
         state = ReqState(treq.rid, loop, asyncio.Queue())
         self.states[treq.rid] = state
         track = _Tracker(self, s, treq, params)
-        self.worker.send(treq)
         try:
+            self.worker.send(treq)
             while True:
                 item = await state.queue.get()
                 if isinstance(item, Exception):
@@ -226,10 +252,13 @@ class TokenizerManager:
                 if finished and track.abort_worker:
                     self.worker.send(AbortReq(treq.rid, "stop"))
                 if stream or finished:
-                    yield track.result(state.created)
+                    yield track.result(state.created, partial=not finished)
                 if finished:
-                    for hook in self.listeners:
-                        hook(track.result(state.created))
+                    if self.listeners:
+                        final = track.result(state.created)
+                        final["timing"] = track.timing(state.created)
+                        for hook in self.listeners:
+                            hook(final)
                     return
         finally:
             self.states.pop(treq.rid, None)
@@ -244,11 +273,13 @@ class TokenizerManager:
 class _Tracker:
     """Accumulates one request's outputs: ids, text (with stop strings), logprobs, meta."""
 
-    def __init__(self, tm: TokenizerManager, s: SingleReq, treq: TokenizedGenerateReq,
-                 params: SamplingParams) -> None:
+    def __init__(
+        self, tm: TokenizerManager, s: SingleReq, treq: TokenizedGenerateReq, params: SamplingParams
+    ) -> None:
         self.tm, self.s, self.treq, self.params = tm, s, treq, params
-        self.decoder = IncrementalDecoder(tm.tokenizer, params.skip_special_tokens,
-                                          params.spaces_between_special_tokens)
+        self.decoder = IncrementalDecoder(
+            tm.tokenizer, params.skip_special_tokens, params.spaces_between_special_tokens
+        )
         self.text = ""
         self.output_ids: list[int] = []
         self.finish_reason: dict[str, Any] | None = None
@@ -261,9 +292,19 @@ class _Tracker:
         self.out_lp: list[tuple[float, int]] = []
         self.out_top: list[list[tuple[float, int]]] = []
         self.max_stop = max((len(x) for x in params.stop), default=0)
+        self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.itl: list[float] = []
 
     def push(self, out: ReqOut) -> bool:
         self.cached_tokens = out.cached_tokens
+        if out.new_ids:
+            now = time.perf_counter()
+            if self.first_token_at is None:
+                self.first_token_at = now
+            else:  # tokens that arrive together share the gap since the previous arrival
+                self.itl.extend([(now - self.last_token_at) / len(out.new_ids)] * len(out.new_ids))
+            self.last_token_at = now
         if out.input_logprobs:
             self.in_lp.extend(out.input_logprobs)
             self.in_top.extend(out.input_top_logprobs or [None] * len(out.input_logprobs))
@@ -297,7 +338,18 @@ class _Tracker:
     def _fmt_top(self, entries: list[list[tuple[float, int]] | None]) -> list[Any]:
         return [None if e is None else self._fmt(list(e)) for e in entries]
 
-    def result(self, created: float) -> dict[str, Any]:
+    def timing(self, created: float) -> dict[str, Any]:
+        """Latencies for metrics: time to first token (None without tokens) and inter-token gaps."""
+        ttft = None if self.first_token_at is None else self.first_token_at - created
+        return {"ttft": ttft, "itl": list(self.itl), "e2e": time.perf_counter() - created}
+
+    def result(self, created: float, partial: bool = False) -> dict[str, Any]:
+        """The request's output so far. ``partial`` (a stream snapshot before the end) withholds a
+        trailing piece of text that may still turn out to start a stop string, so that streamed text
+        only ever grows."""
+        text = self.text
+        if partial and self.max_stop:
+            text = text[: len(text) - _stop_prefix_len(text, self.params.stop)]
         meta: dict[str, Any] = {
             "id": self.treq.rid,
             "prompt_tokens": self.prompt_tokens,
@@ -312,7 +364,18 @@ class _Tracker:
             if self.treq.top_logprobs_num:
                 meta["input_top_logprobs"] = self._fmt_top(self.in_top)
                 meta["output_top_logprobs"] = self._fmt_top(list(self.out_top))
-        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+        return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``stops``."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
 
 
 def _set_result(fut: asyncio.Future[StatsOut], value: StatsOut) -> None:

@@ -20,8 +20,11 @@ def hf_greedy(path: str | Path, ids: list[int], max_new_tokens: int) -> list[int
     """HF ``generate`` greedy, never stopping early."""
     model = hf_model(str(path))
     out = model.generate(
-        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-        max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
         pad_token_id=0,
     )
     return list(out[0, len(ids) :].tolist())

@@ -81,8 +81,12 @@ def test_text_prompt_and_stream(tiny_qwen2: Path, engine_factory) -> None:
 
     async def run() -> tuple[dict, list[dict]]:
         one = await eng.async_generate(prompt="The radix tree stores", sampling_params=GREEDY)
-        stream = [c async for c in await eng.async_generate(prompt="The radix tree stores",
-                                                              sampling_params=GREEDY, stream=True)]
+        stream = [
+            c
+            async for c in await eng.async_generate(
+                prompt="The radix tree stores", sampling_params=GREEDY, stream=True
+            )
+        ]
         return one, stream
 
     one, stream = asyncio.run(run())
@@ -92,8 +96,13 @@ def test_text_prompt_and_stream(tiny_qwen2: Path, engine_factory) -> None:
 def test_prompt_and_output_logprobs_match_hf(tiny_llama: Path, engine_factory) -> None:
     eng = engine_factory(tiny_llama, chunked_prefill_size=9)
     ids = prompts_of([30], seed=3)[0]
-    out = eng.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 4}, return_logprob=True,
-                       logprob_start_len=0, top_logprobs_num=3)
+    out = eng.generate(
+        input_ids=ids,
+        sampling_params={**GREEDY, "max_new_tokens": 4},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+    )
     meta = out["meta_info"]
     inp = meta["input_token_logprobs"]
     assert len(inp) == len(ids) and inp[0][0] is None and [e[1] for e in inp] == ids
@@ -107,8 +116,12 @@ def test_prompt_and_output_logprobs_match_hf(tiny_llama: Path, engine_factory) -
     assert [t[1] for t in top] == nxt.topk(3).indices.tolist()
     # From a later start only the tail is returned; the cache may not serve those positions.
     eng.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1})
-    tail = eng.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 1}, return_logprob=True,
-                        logprob_start_len=20)["meta_info"]["input_token_logprobs"]
+    tail = eng.generate(
+        input_ids=ids,
+        sampling_params={**GREEDY, "max_new_tokens": 1},
+        return_logprob=True,
+        logprob_start_len=20,
+    )["meta_info"]["input_token_logprobs"]
     assert [e[1] for e in tail] == ids[20:]
     torch.testing.assert_close(torch.tensor([e[0] for e in tail]), ref[19:], atol=1e-4, rtol=1e-4)
 
@@ -116,8 +129,9 @@ def test_prompt_and_output_logprobs_match_hf(tiny_llama: Path, engine_factory) -
 def test_prefill_only_request(tiny_llama: Path, engine_factory) -> None:
     eng = engine_factory(tiny_llama)
     ids = prompts_of([20], seed=4)[0]
-    out = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                       logprob_start_len=0)
+    out = eng.generate(
+        input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0
+    )
     assert out["output_ids"] == [] and out["meta_info"]["completion_tokens"] == 0
     assert len(out["meta_info"]["input_token_logprobs"]) == 20
 
@@ -137,8 +151,10 @@ def test_seeded_sampling_reproducible_alone_and_batched(tiny_llama: Path, engine
     params = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 10, "seed": 1234, "ignore_eos": True}
     alone = eng.generate(input_ids=ids, sampling_params=params)["output_ids"]
     others = prompts_of([7, 19], seed=7)
-    batched = eng.generate(input_ids=[others[0], ids, others[1]],
-                           sampling_params=[{**params, "seed": 1}, params, {**params, "seed": 2}])
+    batched = eng.generate(
+        input_ids=[others[0], ids, others[1]],
+        sampling_params=[{**params, "seed": 1}, params, {**params, "seed": 2}],
+    )
     assert batched[1]["output_ids"] == alone
     other_seed = eng.generate(input_ids=ids, sampling_params={**params, "seed": 99})["output_ids"]
     assert other_seed != alone
@@ -150,8 +166,9 @@ def test_n_samples_and_stops(tiny_llama: Path, engine_factory) -> None:
     greedy = eng.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 10})
     many = eng.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 10, "n": 3})
     assert [m["output_ids"] for m in many] == [greedy["output_ids"]] * 3
-    sampled = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 10, "n": 3, "seed": 5,
-                                                           "ignore_eos": True})
+    sampled = eng.generate(
+        input_ids=ids, sampling_params={"max_new_tokens": 10, "n": 3, "seed": 5, "ignore_eos": True}
+    )
     assert len({tuple(m["output_ids"]) for m in sampled}) > 1
     # stop_token_ids: stop at the 4th greedy token (included in output_ids).
     stop_tok = greedy["output_ids"][3]
@@ -160,8 +177,9 @@ def test_n_samples_and_stops(tiny_llama: Path, engine_factory) -> None:
     assert out["output_ids"] == greedy["output_ids"][: first + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
     # min_new_tokens bans the stop token until reached.
-    out = eng.generate(input_ids=ids, sampling_params={**GREEDY, "stop_token_ids": [stop_tok],
-                                                       "min_new_tokens": first + 3})
+    out = eng.generate(
+        input_ids=ids, sampling_params={**GREEDY, "stop_token_ids": [stop_tok], "min_new_tokens": first + 3}
+    )
     assert len(out["output_ids"]) >= first + 3
     assert stop_tok not in out["output_ids"][: first + 2]
 
@@ -175,7 +193,9 @@ def test_stop_string_truncates_text(tiny_qwen2: Path, engine_factory) -> None:
     out = eng.generate(prompt="Once upon a time", sampling_params={**params, "stop": stop})
     assert out["text"] == text[: text.index(stop)]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    kept = eng.generate(prompt="Once upon a time", sampling_params={**params, "stop": [stop], "no_stop_trim": True})
+    kept = eng.generate(
+        prompt="Once upon a time", sampling_params={**params, "stop": [stop], "no_stop_trim": True}
+    )
     assert kept["text"] == text[: text.index(stop) + len(stop)]
 
 

@@ -65,7 +65,9 @@ def test_multi_turn_continuation_hits_previous_turn(tiny_qwen2: Path, engine_fac
 def test_n_samples_share_prompt_kv(tiny_llama: Path, engine_factory) -> None:
     eng = engine_factory(tiny_llama)
     ids = prompts_of([150], seed=13)[0]
-    outs = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 6, "n": 4, "seed": 3, "ignore_eos": True})
+    outs = eng.generate(
+        input_ids=ids, sampling_params={"max_new_tokens": 6, "n": 4, "seed": 3, "ignore_eos": True}
+    )
     assert len(outs) == 4
     assert eng.get_server_info()["computed_prefill_tokens"] <= 150 + 4
 

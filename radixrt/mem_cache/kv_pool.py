@@ -11,14 +11,25 @@ class KVPool:
     Slot ``s`` of page ``p`` is ``p * page_size + offset``, so the buffers are page-major too.
     """
 
-    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.num_slots = num_slots
         self.dtype = dtype
-        self.k_buffers = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
-                          for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
-                          for _ in range(num_layers)]
+        self.k_buffers = [
+            torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.v_buffers = [
+            torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -136,5 +136,7 @@ def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         if kind == "default":
             scaling = None
         elif kind not in ("llama3", "linear"):
-            raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (supported: default, linear, llama3)")
+            raise ValueError(
+                f"rope_scaling: rope_type {kind!r} is not supported (supported: default, linear, llama3)"
+            )
     return theta, scaling

@@ -35,13 +35,17 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return found
 
 
-def load_model(model_dir: str | Path, cfg: ModelConfig, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+def load_model(
+    model_dir: str | Path, cfg: ModelConfig, device: str | torch.device = "cpu"
+) -> LlamaForCausalLM:
     """Build the model for ``cfg`` and fill it from the checkpoint's safetensors."""
     model_dir = Path(model_dir)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to_empty(device=device).to(cfg.dtype)
-    model.rope = type(model.rope)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling).to(device)
+    model.rope = type(model.rope)(
+        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+    ).to(device)
     params = dict(model.named_parameters(remove_duplicate=False))
     parts: dict[str, list[torch.Tensor | None]] = {}
     loaded: set[str] = set()
@@ -78,6 +82,8 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, device: str | torch.devi
 def _copy(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor) -> None:
     param = params[name]
     if param.shape != tensor.shape:
-        raise ValueError(f"weight {name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+        raise ValueError(
+            f"weight {name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}"
+        )
     with torch.no_grad():
         param.copy_(tensor.to(param.dtype))

@@ -38,7 +38,9 @@ class RotaryEmbedding(torch.nn.Module):
     cos_cache: torch.Tensor
     sin_cache: torch.Tensor
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ) -> None:
         super().__init__()
         inv_freq = inv_frequencies(head_dim, theta, scaling)
         pos = torch.arange(max_positions, dtype=torch.float)
@@ -47,7 +49,9 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` [T, H, D], ``k`` [T, KVH, D] rotated by their positions [T]."""
         cos = self.cos_cache[positions].to(q.dtype)[:, None, :]
         sin = self.sin_cache[positions].to(q.dtype)[:, None, :]

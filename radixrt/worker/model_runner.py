@@ -47,7 +47,9 @@ class ModelRunner:
         self.device = torch.device(args.device)
         self.config = ModelConfig.from_dir(model_path, dtype=args.dtype)
         cfg = self.config
-        self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.context_len = min(
+            args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
         torch.manual_seed(args.random_seed)
         self.model = load_model(model_path, cfg, self.device)
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
@@ -58,16 +60,30 @@ class ModelRunner:
             num_slots = max(min(num_slots, 1 << 20), 4 * self.context_len)
         ps = args.page_size
         num_slots = (num_slots + ps) // ps * ps  # one extra page for the reserved padding page
-        self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device)
+        self.kv_pool = KVPool(
+            num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
+        )
         self.allocator = TokenSlotAllocator(num_slots, ps, self.device)
-        self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 8, self.context_len + ps, self.device)
+        self.req_to_token_pool = ReqToTokenPool(
+            args.max_running_requests + 8, self.context_len + ps, self.device
+        )
         backend_cls = get_backend_class(args.attention_backend)
-        self.backend = backend_cls(self.kv_pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                   cfg.head_dim**-0.5, cfg.sliding_window)
+        self.backend = backend_cls(
+            self.kv_pool,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.head_dim**-0.5,
+            cfg.sliding_window,
+        )
         logger.info(
             "model %s (%s, %s): KV pool %d tokens, %.1f MiB, page_size %d",
-            model_path, cfg.architecture, str(cfg.dtype).removeprefix("torch."), self.allocator.total_slots,
-            self.kv_pool.size_bytes / 2**20, ps,
+            model_path,
+            cfg.architecture,
+            str(cfg.dtype).removeprefix("torch."),
+            self.allocator.total_slots,
+            self.kv_pool.size_bytes / 2**20,
+            ps,
         )
 
     def build_metadata(self, fi: ForwardInput) -> AttentionMetadata:
@@ -94,9 +110,17 @@ class ModelRunner:
         loc_ok = (q_pos >= prefix[:, None]) & (q_pos < seq[:, None])
         out_cache_loc = loc_table[loc_ok]
         return AttentionMetadata(
-            mode=fi.mode, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-            kv_last_page_len=last_page_len, page_size=ps, prefix_lens=prefix, seq_lens=seq,
-            out_cache_loc=out_cache_loc, max_extend_len=max(fi.extend_lens), max_seq_len=max_seq,
+            mode=fi.mode,
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            kv_last_page_len=last_page_len,
+            page_size=ps,
+            prefix_lens=prefix,
+            seq_lens=seq,
+            out_cache_loc=out_cache_loc,
+            max_extend_len=max(fi.extend_lens),
+            max_seq_len=max_seq,
         )
 
     @torch.inference_mode()

@@ -16,11 +16,32 @@ class Req:
     """
 
     __slots__ = (
-        "rid", "origin_input_ids", "output_ids", "params", "seed", "return_logprob", "logprob_start_len",
-        "top_logprobs_num", "cache_salt", "req_pool_idx", "kv_len", "cached_len", "last_node",
-        "cached_tokens", "finish_reason", "extend_len", "fill_ids", "input_logprobs", "input_top_logprobs",
-        "input_logprobs_done", "pending_out", "pending_logprobs", "pending_top_logprobs", "arrival",
-        "retractions", "prefix_probe_len",
+        "rid",
+        "origin_input_ids",
+        "output_ids",
+        "params",
+        "seed",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "cache_salt",
+        "req_pool_idx",
+        "kv_len",
+        "cached_len",
+        "last_node",
+        "cached_tokens",
+        "finish_reason",
+        "extend_len",
+        "fill_ids",
+        "input_logprobs",
+        "input_top_logprobs",
+        "input_logprobs_done",
+        "pending_out",
+        "pending_logprobs",
+        "pending_top_logprobs",
+        "arrival",
+        "retractions",
+        "prefix_probe_len",
     )
 
     def __init__(self, msg: TokenizedGenerateReq, arrival: int) -> None:
@@ -45,7 +66,9 @@ class Req:
         self.fill_ids: list[int] = self.origin_input_ids
         self.input_logprobs: list[tuple[float | None, int]] = []
         self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
-        self.input_logprobs_done = not (self.return_logprob and self.logprob_start_len < len(self.origin_input_ids))
+        self.input_logprobs_done = not (
+            self.return_logprob and self.logprob_start_len < len(self.origin_input_ids)
+        )
         self.pending_out: list[int] = []
         self.pending_logprobs: list[tuple[float, int]] = []
         self.pending_top_logprobs: list[list[tuple[float, int]]] = []

@@ -41,16 +41,16 @@ def _dfs_weight(waiting: list[Req], nodes: dict[str, TreeNode]) -> list[Req]:
     weight: dict[int, int] = defaultdict(int)
     roots: set[int] = set()
     for key, reqs in by_node.items():
-        node: TreeNode | None = node_of[key]
+        cur: TreeNode | None = node_of[key]
         child: TreeNode | None = None
-        while node is not None:
-            weight[id(node)] += len(reqs)
-            node_of[id(node)] = node
+        while cur is not None:
+            weight[id(cur)] += len(reqs)
+            node_of[id(cur)] = cur
             if child is not None:
-                children[id(node)].add(id(child))
-            if node.parent is None:
-                roots.add(id(node))
-            child, node = node, node.parent
+                children[id(cur)].add(id(child))
+            if cur.parent is None:
+                roots.add(id(cur))
+            child, cur = cur, cur.parent
     out: list[Req] = []
 
     def visit(key: int) -> None:

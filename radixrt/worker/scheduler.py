@@ -7,7 +7,6 @@ the server) and every step's outputs go to ``send`` as one BatchTokenOut.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -55,14 +54,23 @@ class Inbox(Protocol):
 class Scheduler:
     """Continuous batching over the RadixCache; one ``step`` is one forward (or none when idle)."""
 
-    def __init__(self, args: ServerArgs, model_path: str, eos_token_ids: list[int],
-                 send: Callable[[WorkerOutput], None]) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_path: str,
+        eos_token_ids: list[int],
+        send: Callable[[WorkerOutput], None],
+    ) -> None:
         self.args = args
         self.runner = ModelRunner(args, model_path)
         self.vocab_size = self.runner.config.vocab_size
         self.eos_ids = set(eos_token_ids) | set(self.runner.config.eos_token_ids)
-        self.tree = RadixCache(self.runner.allocator, args.page_size, args.radix_eviction_policy,
-                               disable=args.disable_radix_cache)
+        self.tree = RadixCache(
+            self.runner.allocator,
+            args.page_size,
+            args.radix_eviction_policy,
+            disable=args.disable_radix_cache,
+        )
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token_pool, self.tree)
         self.send = send
         self.waiting: list[Req] = []
@@ -105,13 +113,18 @@ class Scheduler:
         self.arrivals += 1
         error = None
         if len(req.origin_input_ids) + req.params.max_new_tokens > self.runner.context_len + 1:
-            error = (f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
-                     f"({req.params.max_new_tokens}) exceeds the context length {self.runner.context_len}")
+            error = (
+                f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
+                f"({req.params.max_new_tokens}) exceeds the context length {self.runner.context_len}"
+            )
         elif len(req.origin_input_ids) + 1 > self.kv.allocator.total_slots:
             error = f"prompt ({len(req.origin_input_ids)} tokens) does not fit the KV pool"
         if error is not None:
-            self.send(BatchTokenOut([ReqOut(req.rid, [], len(req.origin_input_ids), 0,
-                                            {"type": "abort", "message": error})]))
+            self.send(
+                BatchTokenOut(
+                    [ReqOut(req.rid, [], len(req.origin_input_ids), 0, {"type": "abort", "message": error})]
+                )
+            )
             return
         self.by_rid[req.rid] = req
         self.waiting.append(req)
@@ -198,7 +211,10 @@ class Scheduler:
                 self.kv.release(req)
                 if not batch and not self.running:  # nothing else holds memory: it can never fit
                     self.waiting.remove(req)
-                    req.finish_reason = {"type": "abort", "message": "out of KV memory: request exceeds the KV pool"}
+                    req.finish_reason = {
+                        "type": "abort",
+                        "message": "out of KV memory: request exceeds the KV pool",
+                    }
                     self._emit([req])
                 break
             headroom -= need
@@ -218,8 +234,14 @@ class Scheduler:
         for req in batch:
             ids.extend(req.fill_ids[req.kv_len : req.kv_len + req.extend_len])
             positions.append(torch.arange(req.kv_len, req.kv_len + req.extend_len))
-        fi = ForwardInput(ForwardMode.EXTEND, [r.req_pool_idx for r in batch if r.req_pool_idx is not None],
-                          [r.kv_len for r in batch], [r.extend_len for r in batch], ids, torch.cat(positions))
+        fi = ForwardInput(
+            ForwardMode.EXTEND,
+            [r.req_pool_idx for r in batch if r.req_pool_idx is not None],
+            [r.kv_len for r in batch],
+            [r.extend_len for r in batch],
+            ids,
+            torch.cat(positions),
+        )
         hidden = self.runner.forward(fi)
         offset = 0
         done: list[Req] = []
@@ -288,9 +310,14 @@ class Scheduler:
             ok = self.kv.alloc(req, 1)
             assert ok, "decode slot allocation failed after retraction"
         kv_lens = [r.kv_len for r in reqs]
-        fi = ForwardInput(ForwardMode.DECODE, [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
-                          kv_lens, [1] * len(reqs), [r.output_ids[-1] for r in reqs],
-                          torch.tensor(kv_lens, dtype=torch.int64))
+        fi = ForwardInput(
+            ForwardMode.DECODE,
+            [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
+            kv_lens,
+            [1] * len(reqs),
+            [r.output_ids[-1] for r in reqs],
+            torch.tensor(kv_lens, dtype=torch.int64),
+        )
         hidden = self.runner.forward(fi)
         for req in reqs:
             req.kv_len += 1
@@ -310,7 +337,10 @@ class Scheduler:
                 return
             if len(self.running) == 1:  # even alone it does not fit: the pool is too small for it
                 req = self.running.pop()
-                req.finish_reason = {"type": "abort", "message": "out of KV memory: sequence exceeds the KV pool"}
+                req.finish_reason = {
+                    "type": "abort",
+                    "message": "out of KV memory: sequence exceeds the KV pool",
+                }
                 self._finish([req])
                 self._emit([req])
                 return
@@ -338,12 +368,18 @@ class Scheduler:
     def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         banned = [
             sorted(self.eos_ids | set(r.params.stop_token_ids))
-            if len(r.output_ids) < r.params.min_new_tokens else []
+            if len(r.output_ids) < r.params.min_new_tokens
+            else []
             for r in reqs
         ]
         info = SamplingBatchInfo.build(
-            [r.params for r in reqs], [r.seed for r in reqs], [len(r.output_ids) for r in reqs],
-            [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs], banned, self.vocab_size,
+            [r.params for r in reqs],
+            [r.seed for r in reqs],
+            [len(r.output_ids) for r in reqs],
+            [r.output_ids for r in reqs],
+            [r.origin_input_ids for r in reqs],
+            banned,
+            self.vocab_size,
         )
         next_ids = sample(logits, info)
         want = [i for i, r in enumerate(reqs) if r.return_logprob]
@@ -381,8 +417,9 @@ class Scheduler:
     def _emit(self, reqs: list[Req]) -> None:
         outs = []
         for req in reqs:
-            out = ReqOut(req.rid, req.pending_out, len(req.origin_input_ids), req.cached_tokens,
-                         req.finish_reason)
+            out = ReqOut(
+                req.rid, req.pending_out, len(req.origin_input_ids), req.cached_tokens, req.finish_reason
+            )
             if req.return_logprob:
                 out.output_logprobs = req.pending_logprobs
                 out.output_top_logprobs = req.pending_top_logprobs if req.top_logprobs_num else None
