@@ -3,45 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from radixrt import Engine
+from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy, hf_next_logprobs, hf_prompt_logprobs
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
-
-
-def prompts_of(lengths: list[int], seed: int = 0, vocab: int = 8000) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(n)] for n in lengths]
-
-
-def make_engine(path: Path, **kw: object) -> Engine:
-    kw.setdefault("max_total_tokens", 4096)
-    eng = Engine(model_path=str(path), **kw)
-    eng.worker.scheduler.check_invariant_each_step = True
-    return eng
-
-
-@pytest.fixture
-def engine_factory() -> Iterator[object]:
-    """Build engines in a test; at teardown assert the accounting invariant at idle and shut down."""
-    engines: list[Engine] = []
-
-    def build(path: Path, **kw: object) -> Engine:
-        eng = make_engine(path, **kw)
-        engines.append(eng)
-        return eng
-
-    yield build
-    for eng in engines:
-        eng.check_invariant()
-        eng.shutdown()
 
 
 def assert_matches_hf(path: Path, prompts: list[list[int]], outs: list[dict], n: int) -> None:

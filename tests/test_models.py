@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from radixrt.models.config import ModelConfig
 from radixrt.models.rope import inv_frequencies
+from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy, hf_prompt_logprobs
-from tests.test_engine import engine_factory, prompts_of  # noqa: F401  (fixture re-export)
 
 
 def test_config_v4_and_v5_spellings_agree() -> None:

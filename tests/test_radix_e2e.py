@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
-from tests.test_engine import engine_factory, prompts_of  # noqa: F401  (fixture re-export)
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 

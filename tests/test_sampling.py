@@ -12,8 +12,8 @@ from transformers import RepetitionPenaltyLogitsProcessor
 
 from radixrt.sampling.logprobs import compute_logprobs
 from radixrt.sampling.penalties import PenaltyInfo, apply_penalties
-from radixrt.sampling.sampler import sample, uniform_noise
-from radixrt.sampling.sampling_batch import SamplingBatchInfo
+from radixrt.sampling.sampler import _inverse_cdf, row_uniforms, sample
+from radixrt.sampling.sampling_batch import SamplingBatchInfo, row_keys
 from radixrt.sampling.sampling_params import SamplingParams
 
 V = 64
@@ -254,10 +254,19 @@ def test_seeded_draws_are_batch_invariant() -> None:
     assert len(set(a.tolist())) > 10  # different steps draw different tokens
 
 
-def test_uniform_noise_range() -> None:
-    u = uniform_noise(torch.tensor([0, -1, 2**62]), 4096)
-    assert float(u.min()) > 0 and float(u.max()) < 1
-    assert abs(float(u.mean()) - 0.5) < 0.01
+def test_row_uniforms_are_uniform() -> None:
+    n = 20000
+    keys = row_keys(torch.full((n,), 5), torch.arange(n))
+    u = row_uniforms(keys)
+    assert float(u.min()) >= 0 and float(u.max()) < 1
+    hist = torch.histc(u, bins=10, min=0.0, max=1.0) / n
+    assert float((hist - 0.1).abs().max()) < 0.01
+
+
+def test_inverse_cdf_never_picks_zero_weight() -> None:
+    w = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
+    u = torch.tensor([0.0, 0.25, 0.5, 1.0 - 2.0**-53], dtype=torch.float64)
+    assert _inverse_cdf(w, u).squeeze(1).tolist() == [1, 1, 3, 3]
 
 
 def tv_of_draws(probs: torch.Tensor, params: SamplingParams, expected: torch.Tensor, n: int = 20000) -> float:

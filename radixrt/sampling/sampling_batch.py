@@ -43,7 +43,7 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """One 64-bit key per (seed, step); the sampler hashes it with the vocabulary index."""
+    """One pseudo-random 64-bit key per (seed, step): the source of the row's uniform draw."""
     return mix64(mix64(seeds) ^ steps)
 
 
