@@ -81,7 +81,7 @@ def tree_pages(cache: RadixCache, page_size: int) -> dict[Prefix, tuple[int, ...
     """Every cached prefix in the real tree, read through the public node fields."""
     out: dict[Prefix, tuple[int, ...]] = {}
     for salt in SALTS:
-        stack = [(cache.match_prefix([], salt).last_node, ())]
+        stack: list[tuple[TreeNode, tuple[int, ...]]] = [(cache.match_prefix([], salt).last_node, ())]
         while stack:
             node, path = stack.pop()
             for child in node.children.values():
@@ -142,7 +142,7 @@ def test_matches_reference_model(page_size: int, policy: str, data: st.DataObjec
     for _ in range(data.draw(st.integers(1, 40), label="steps")):
         op = data.draw(ops, label="op")
         salt = data.draw(salts, label="salt")
-        if history and data.draw(st.booleans(), label="reuse key"):
+        if len(history) > 0 and data.draw(st.booleans(), label="reuse key"):
             key = history[data.draw(st.integers(0, len(history) - 1), label="key index")]
         else:
             key = data.draw(fresh_keys, label="key")
@@ -231,7 +231,9 @@ def make(page_size: int = 1, policy: str = "lru", slots: int = 1024) -> tuple[To
     return alloc, RadixCache(alloc, page_size=page_size, eviction_policy=policy)
 
 
-def put(alloc: TokenSlotAllocator, cache: RadixCache, key: list[int], salt: str | None = None) -> torch.Tensor:
+def put(
+    alloc: TokenSlotAllocator, cache: RadixCache, key: list[int], salt: str | None = None
+) -> torch.Tensor:
     """Insert ``key`` with fresh slots, freeing our duplicates; returns the slots the tree now owns."""
     slots = alloc.alloc(len(key))
     assert slots is not None
@@ -376,3 +378,41 @@ def test_stats_and_bad_policy() -> None:
     assert cache.stats.hit_rate == 0.5
     with pytest.raises(ValueError):
         RadixCache(alloc, eviction_policy="fifo")
+
+
+def test_lfu_split_keeps_hit_count() -> None:
+    alloc, cache = make(policy="lfu")
+    put(alloc, cache, [1, 2, 3, 4])
+    put(alloc, cache, [5, 5])
+    for _ in range(3):
+        cache.match_prefix([1, 2, 3, 4])
+    for _ in range(4):
+        cache.match_prefix([5, 5])
+    cache.match_prefix([1, 2, 9])  # split: [1,2] has 4 hits (newest), [3,4] keeps 3
+    assert cache.evict(1) == 2
+    assert cache.match_prefix([1, 2, 3, 4]).slots.numel() == 2  # [3,4] went first (fewest hits)
+    assert cache.evict(1) == 2  # then [5,5] (4 hits) before [1,2] (5 hits after the match above)
+    assert cache.match_prefix([5, 5]).slots.numel() == 0
+    assert cache.match_prefix([1, 2]).slots.numel() == 2
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    n=st.integers(1, 3000),
+    cut=st.integers(0, 3000),
+    page_size=st.sampled_from([1, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_long_keys_match_up_to_first_mismatch(n: int, cut: int, page_size: int, seed: int) -> None:
+    """Long keys exercise the sliced comparison (binary search) that short keys never reach."""
+    gen = torch.Generator().manual_seed(seed)
+    key = torch.randint(0, 50_000, (n,), generator=gen).tolist()
+    alloc, cache = make(page_size=page_size, slots=8192 + page_size)
+    slots = put(alloc, cache, key)
+    cut = min(cut, n)
+    probe = key[:cut] + [50_001] + key[cut + 1 :]  # differs exactly at `cut` (if cut < n)
+    expected = (min(cut, n) // page_size) * page_size
+    res = cache.match_prefix(probe)
+    assert res.slots.tolist() == slots[:expected].tolist()
+    assert cache.insert(probe, torch.arange(len(probe)) + 10_000) == expected
+    cache.check_integrity()
