@@ -37,6 +37,8 @@ class ServerArgs:
     log_level: str = "info"
     served_model_name: str | None = None
     disable_jump_forward: bool = False
+    json_whitespace: bool = False
+    grammar_compile_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         self.validate()

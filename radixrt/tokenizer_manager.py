@@ -248,6 +248,10 @@ class TokenizerManager:
                 item = await state.queue.get()
                 if isinstance(item, Exception):
                     raise item
+                reason = item.finish_reason
+                if reason is not None and reason.get("status_code") == 400 and not track.output_ids:
+                    track.finished = True  # the worker already dropped it
+                    raise ValueError(str(reason.get("message", "bad request")))
                 finished = track.push(item)
                 if finished and track.abort_worker:
                     self.worker.send(AbortReq(treq.rid, "stop"))

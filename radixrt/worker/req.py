@@ -42,6 +42,10 @@ class Req:
         "arrival",
         "retractions",
         "prefix_probe_len",
+        "grammar",
+        "grammar_key",
+        "grammar_since",
+        "jumped",
     )
 
     def __init__(self, msg: TokenizedGenerateReq, arrival: int) -> None:
@@ -74,6 +78,10 @@ class Req:
         self.pending_top_logprobs: list[list[tuple[float, int]]] = []
         self.retractions = 0
         self.prefix_probe_len = 0
+        self.grammar: Any = None  # GrammarState once compiled
+        self.grammar_key: tuple[str, str] | None = None
+        self.grammar_since = 0.0
+        self.jumped = False  # jump-forward appended tokens that still need KV
 
     @property
     def prefill_done(self) -> bool:

@@ -7,12 +7,14 @@ the server) and every step's outputs go to ``send`` as one BatchTokenOut.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from kernels.base import ForwardMode
+from radixrt.constrained.grammar import GrammarBackend, GrammarError, grammar_key
 from radixrt.mem_cache.radix_cache import RadixCache
 from radixrt.protocol import (
     AbortReq,
@@ -62,6 +64,7 @@ class Scheduler:
         send: Callable[[WorkerOutput], None],
     ) -> None:
         self.args = args
+        self.model_path = model_path
         self.runner = ModelRunner(args, model_path)
         self.vocab_size = self.runner.config.vocab_size
         self.eos_ids = set(eos_token_ids) | set(self.runner.config.eos_token_ids)
@@ -81,6 +84,9 @@ class Scheduler:
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.stats = SchedulerStats()
         self.check_invariant_each_step = False
+        self.grammar_waiting: list[Req] = []  # constrained requests whose grammar is compiling
+        self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
+        self._grammar: GrammarBackend | None = None
 
     # -- loop -----------------------------------------------------------------------------------
     def run_forever(self, inbox: Inbox, should_stop: Callable[[], bool]) -> None:
@@ -92,10 +98,26 @@ class Scheduler:
             self.step()
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked)
+        return not (self.waiting or self.running or self.chunked or self.grammar_waiting or self.jumped)
 
     def live_reqs(self) -> list[Req]:
-        return self.running + ([self.chunked] if self.chunked is not None else [])
+        return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
+
+    @property
+    def grammar(self) -> GrammarBackend:
+        """The grammar backend, built on the first constrained request (loads the tokenizer)."""
+        if self._grammar is None:
+            from radixrt.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(self.args.tokenizer_path or self.model_path)
+            self._grammar = GrammarBackend(
+                tokenizer,
+                self.vocab_size,
+                sorted(self.eos_ids),
+                json_whitespace=self.args.json_whitespace,
+                compile_timeout_s=self.args.grammar_compile_timeout,
+            )
+        return self._grammar
 
     def handle(self, msg: WorkerInput) -> None:
         """Apply one incoming message."""
@@ -127,8 +149,14 @@ class Scheduler:
             )
             return
         self.by_rid[req.rid] = req
-        self.waiting.append(req)
         self.stats.on_arrival(req)
+        req.grammar_key = grammar_key(req.params)
+        if req.grammar_key is not None:
+            req.grammar_since = time.monotonic()
+            self.grammar.submit(req.grammar_key)
+            self.grammar_waiting.append(req)
+        else:
+            self.waiting.append(req)
 
     def abort(self, rid: str, reason: str) -> None:
         req = self.by_rid.get(rid)
@@ -136,6 +164,10 @@ class Scheduler:
             return
         if req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.grammar_waiting:
+            self.grammar_waiting.remove(req)
+        elif req in self.jumped:
+            self.jumped.remove(req)
         elif req is self.chunked:
             self.chunked = None
         elif req in self.running:
@@ -157,6 +189,8 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> None:
         """One forward: a prefill batch if anything can be admitted, else one decode step."""
+        if self.grammar_waiting:
+            self._poll_grammars()
         batch = self._admit()
         if batch:
             self._run_extend(batch)
@@ -164,6 +198,24 @@ class Scheduler:
             self._run_decode()
         if self.check_invariant_each_step:
             self.kv.check_invariant(self.live_reqs(), idle=self.is_idle())
+
+    def _poll_grammars(self) -> None:
+        """Move requests whose grammar compiled to the waiting queue; fail those whose did not."""
+        still: list[Req] = []
+        for req in self.grammar_waiting:
+            assert req.grammar_key is not None
+            res = self.grammar.poll(req.grammar_key, req.grammar_since)
+            if res is None:
+                still.append(req)
+            elif isinstance(res, GrammarError):
+                req.finish_reason = {"type": "abort", "message": str(res), "status_code": 400}
+                self._emit([req])
+            else:
+                req.grammar = res
+                self.waiting.append(req)
+        self.grammar_waiting = still
+        if still and not (self.waiting or self.running or self.chunked or self.jumped):
+            time.sleep(0.001)  # only compiling: do not spin at full speed
 
     def _reserved_decode(self) -> float:
         total = 0.0
@@ -188,6 +240,15 @@ class Scheduler:
             budget -= take
             if not req.prefill_done and req.kv_len + take < len(req.fill_ids):
                 return batch
+        while self.jumped and budget > 0 and len(batch) < args.max_running_requests:
+            req = self.jumped[0]
+            take = len(req.fill_ids) - req.kv_len
+            if take > budget or not self.kv.alloc(req, take):
+                break
+            self.jumped.pop(0)
+            req.extend_len = take
+            batch.append(req)
+            budget -= take
         if not self.waiting or budget <= 0:
             return batch
         headroom = self.kv.available() - self._reserved_decode()
@@ -274,7 +335,7 @@ class Scheduler:
             for req in done:
                 if req.finish_reason is None:
                     self.kv.cache_unfinished(req)
-                    self.running.append(req)
+                    (self.jumped if req.jumped else self.running).append(req)
             self._finish([r for r in done if r.finish_reason is not None])
         self._emit(batch)
 
@@ -323,8 +384,10 @@ class Scheduler:
             req.kv_len += 1
         self._sample_and_append(reqs, self.runner.logits(hidden))
         finished = [r for r in reqs if r.finish_reason is not None]
-        if finished:
-            self.running = [r for r in self.running if r.finish_reason is None]
+        jumped = [r for r in reqs if r.jumped and r.finish_reason is None]
+        if finished or jumped:
+            self.running = [r for r in self.running if r.finish_reason is None and not r.jumped]
+            self.jumped.extend(jumped)
             self._finish(finished)
         self._emit(reqs)
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
@@ -381,7 +444,9 @@ class Scheduler:
             banned,
             self.vocab_size,
         )
-        next_ids = sample(logits, info)
+        grammars = [r.grammar for r in reqs]
+        constrained = any(g is not None for g in grammars)
+        next_ids = sample(self.grammar.apply_masks(logits, grammars) if constrained else logits, info)
         want = [i for i, r in enumerate(reqs) if r.return_logprob]
         if want:
             top_k = max(reqs[i].top_logprobs_num for i in want)
@@ -396,7 +461,39 @@ class Scheduler:
         for req, tok in zip(reqs, next_ids.tolist(), strict=True):
             req.output_ids.append(tok)
             req.pending_out.append(tok)
-            self._check_finished(req, tok)
+            req.jumped = False
+            if req.grammar is not None:
+                self._advance_grammar(req, tok)
+            else:
+                self._check_finished(req, tok)
+
+    def _advance_grammar(self, req: Req, tok: int) -> None:
+        """Feed the sampled token to the matcher; finish, or append the tokens the grammar forces."""
+        grammar = req.grammar
+        if not grammar.accept(tok):
+            req.finish_reason = {"type": "abort", "message": f"token {tok} violates the grammar"}
+            return
+        if grammar.terminated:
+            req.finish_reason = {"type": "stop", "matched": tok}
+            return
+        self._check_finished(req, tok)
+        if req.finish_reason is not None or self.args.disable_jump_forward:
+            return
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.runner.context_len - req.seq_len - 1)
+        forced = grammar.jump_forward_tokens()[: max(room, 0)]
+        for t in forced:
+            if not grammar.accept(t):
+                break
+            req.output_ids.append(t)
+            req.pending_out.append(t)
+            req.jumped = True
+            self.stats.jump_forward_tokens += 1
+        if req.jumped:
+            req.reset_fill()
+            if len(req.output_ids) >= req.params.max_new_tokens:
+                req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
+            elif grammar.terminated:
+                req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
     def _check_finished(self, req: Req, tok: int) -> None:
         p = req.params

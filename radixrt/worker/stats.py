@@ -22,6 +22,7 @@ class SchedulerStats:
     computed_prefill_tokens: int = 0
     generation_tokens: int = 0
     retractions: int = 0
+    jump_forward_tokens: int = 0
 
     def on_arrival(self, req: Req) -> None:
         self.num_requests += 1
@@ -48,6 +49,7 @@ class SchedulerStats:
             "computed_prefill_tokens": self.computed_prefill_tokens,
             "generation_tokens": self.generation_tokens,
             "retractions": self.retractions,
+            "jump_forward_tokens": self.jump_forward_tokens,
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "num_running_reqs": len(sched.running) + (1 if sched.chunked else 0),
             "num_queue_reqs": len(sched.waiting),
