@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         for user in ["Hi! What is a radix tree?", "Why does it help an LLM server?", "Thanks, bye."]:
             chat.append({"role": "user", "content": user})
             prompt = engine.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            assert isinstance(prompt, str)
             out = engine.generate(prompt=prompt, sampling_params=params)
             chat.append({"role": "assistant", "content": out["text"]})
             turns.append(out)
