@@ -445,8 +445,15 @@ class Scheduler:
             self.vocab_size,
         )
         grammars = [r.grammar for r in reqs]
-        constrained = any(g is not None for g in grammars)
-        next_ids = sample(self.grammar.apply_masks(logits, grammars) if constrained else logits, info)
+        constrained = sum(g is not None for g in grammars)
+        if constrained:
+            t0 = time.perf_counter()
+            masked = self.grammar.apply_masks(logits, grammars)
+            self.stats.grammar_mask_seconds += time.perf_counter() - t0
+            self.stats.grammar_masked_rows += constrained
+            next_ids = sample(masked, info)
+        else:
+            next_ids = sample(logits, info)
         want = [i for i, r in enumerate(reqs) if r.return_logprob]
         if want:
             top_k = max(reqs[i].top_logprobs_num for i in want)

@@ -23,6 +23,8 @@ class SchedulerStats:
     generation_tokens: int = 0
     retractions: int = 0
     jump_forward_tokens: int = 0
+    grammar_mask_seconds: float = 0.0
+    grammar_masked_rows: int = 0
 
     def on_arrival(self, req: Req) -> None:
         self.num_requests += 1
@@ -50,6 +52,8 @@ class SchedulerStats:
             "generation_tokens": self.generation_tokens,
             "retractions": self.retractions,
             "jump_forward_tokens": self.jump_forward_tokens,
+            "grammar_mask_seconds": self.grammar_mask_seconds,
+            "grammar_masked_rows": self.grammar_masked_rows,
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "num_running_reqs": len(sched.running) + (1 if sched.chunked else 0),
             "num_queue_reqs": len(sched.waiting),
