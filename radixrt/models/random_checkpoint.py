@@ -5,8 +5,9 @@ model.safetensors, generation_config.json, tokenizer.json and tokenizer_config.j
 template). Models are built with transformers' own classes so HF is the oracle for our runtime.
 
 Weights are re-drawn by us (not HF's init) from one seeded generator, so the same arguments give the same
-bytes. They are deliberately large: random models with small weights have flat logits, and near-ties
-flip greedy argmax under the ~1e-6 noise of a different (correct) op order. See `_init_weights`.
+bytes. They are deliberately large: random models with small weights have flat logits (and loop), and
+near-ties flip greedy argmax under the rounding noise of a different (correct) fp32 op order, measured at
+~3e-5 in the logits of these models. See `_init_weights`.
 """
 
 from __future__ import annotations
@@ -19,28 +20,23 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+# NOTE: torch and the transformers model classes are imported lazily: importing the four model modules
+# costs ~3 s, and callers that only need `cache_dir()` (e.g. a cached demo model) should not pay for it.
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 BPE_VOCAB_SIZE = 8192
 # Bump when the corpus or trainer settings change: it keys the on-disk tokenizer cache.
 BPE_VERSION = "bpe8192-v1"
+# Bump when make_checkpoint's output changes for the same arguments; callers that cache checkpoints on
+# disk (benchmarks, the demo model) should put it in their cache key.
+CHECKPOINT_VERSION = "ckpt-v2"
 
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
@@ -49,19 +45,20 @@ SIZES: dict[str, dict[str, int]] = {
                 num_key_value_heads=4),
 }  # fmt: skip
 
-_ARCHS: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "mistral": (MistralConfig, MistralForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+# arch -> (config class, model class), names in the transformers namespace.
+_ARCHS: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = ("float32", "bfloat16", "float16")
 
-# Weight scales (see _init_weights): every matrix ~ N(0, INIT_STD); lm_head rescaled so that logits of a
-# unit-RMS hidden state have standard deviation LOGIT_STD.
-INIT_STD = 0.2
-LOGIT_STD = 4.0
+# Weight scales (see _init_weights): every matrix ~ N(0, INIT_GAIN / sqrt(hidden_size)) (0.1 at hidden
+# 256); the lm_head is rescaled so that logits of a unit-RMS hidden state have standard deviation LOGIT_STD.
+INIT_GAIN = 1.6
+LOGIT_STD = 3.0
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -108,7 +105,9 @@ def synthetic_corpus(seed: int = 0, n_pieces: int = 30_000) -> str:
     """Deterministic English-like text (Zipf-weighted real and made-up words, numbers, JSON, code)."""
     rng = random.Random(seed)
     made_up = [
-        "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3)))
+        "".join(
+            rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3))
+        )
         + rng.choice(_SUFFIXES)
         for _ in range(6000)
     ]
@@ -132,7 +131,9 @@ def synthetic_corpus(seed: int = 0, n_pieces: int = 30_000) -> str:
         elif kind < 0.9:
             a, b, c = pick(3)
             nums = ", ".join(str(rng.randint(0, 99)) for _ in range(3))
-            pieces.append(f'{{"{a}": "{" ".join(pick(3))}", "{b}": {rng.randint(0, 999)}, "{c}": [{nums}]}}\n')
+            pieces.append(
+                f'{{"{a}": "{" ".join(pick(3))}", "{b}": {rng.randint(0, 999)}, "{c}": [{nums}]}}\n'
+            )
         else:
             a, b = pick(2)
             pieces.append(f"def {a}_{b}(x, y):\n    return x * {rng.randint(1, 99)} + y - {a}\n\n")
@@ -165,6 +166,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600
     os.replace(tmp, path)
 
 
@@ -212,30 +214,37 @@ def _write_tokenizer(out_dir: Path, kind: str) -> dict[str, int]:
     else:
         raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'bpe' or 'qwen')")
     tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
-    ids = {name: tok.token_to_id(t) for name, t in (("eos", IM_END), ("pad", ENDOFTEXT), ("eot", ENDOFTEXT))}
-    if any(v is None for v in ids.values()):
-        raise ValueError(f"tokenizer {kind!r} lacks ChatML special tokens")
-    return {"len": tok.get_vocab_size(with_added_tokens=True), **ids}
+    im_end, endoftext = tok.token_to_id(IM_END), tok.token_to_id(ENDOFTEXT)
+    if im_end is None or endoftext is None:
+        raise ValueError(f"tokenizer {kind!r} lacks the ChatML special tokens {IM_END} / {ENDOFTEXT}")
+    return {
+        "len": tok.get_vocab_size(with_added_tokens=True),
+        "eos": im_end,
+        "pad": endoftext,
+        "eot": endoftext,
+    }
 
 
 # ------------------------------------------------------------------------------------------------- models
 
 
-def _build_config(arch: str, size: str, vocab: dict[str, int], dtype: str, overrides: dict[str, Any]) -> Any:
+def _build_config(
+    arch: str, size: str, vocab: dict[str, int], dtype: str, overrides: dict[str, Any]
+) -> PretrainedConfig:
     if arch not in _ARCHS:
         raise ValueError(f"unknown arch {arch!r} (expected one of {sorted(_ARCHS)})")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r} (expected one of {sorted(SIZES)})")
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r} (expected one of {sorted(_DTYPES)})")
-    dims = SIZES[size]
+    dims = {k: overrides.get(k, v) for k, v in SIZES[size].items()}
     # Round the vocab up to a multiple of 64 (as real checkpoints do): rows past the tokenizer are unused.
     kw: dict[str, Any] = dict(
         **dims,
         vocab_size=-(-vocab["len"] // 64) * 64,
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
-        initializer_range=INIT_STD,
+        initializer_range=round(INIT_GAIN / dims["hidden_size"] ** 0.5, 6),  # 0.1 at hidden 256
         bos_token_id=None,
         eos_token_id=vocab["eos"],
         pad_token_id=vocab["pad"],
@@ -261,32 +270,42 @@ def _build_config(arch: str, size: str, vocab: dict[str, int], dtype: str, overr
         kw["head_dim"] = 3 * dims["hidden_size"] // dims["num_attention_heads"] // 2  # != hidden / heads
     kw.update(overrides)
     if kw["vocab_size"] < vocab["len"]:
-        raise ValueError(f"vocab_size {kw['vocab_size']} does not cover the tokenizer ({vocab['len']} tokens)")
-    return _ARCHS[arch][0](**kw)
+        raise ValueError(
+            f"vocab_size {kw['vocab_size']} does not cover the tokenizer ({vocab['len']} tokens)"
+        )
+    import transformers
+
+    config: PretrainedConfig = getattr(transformers, _ARCHS[arch][0])(**kw)
+    return config
 
 
-@torch.no_grad()
 def _init_weights(model: PreTrainedModel, seed: int) -> None:
     """Redraw every parameter from one seeded generator, in name order (independent of HF's init).
 
-    Matrices (embeddings, projections) ~ N(0, INIT_STD): with hidden 256 that makes attention scores and
-    MLP activations O(10), i.e. peaky attention and strongly input-dependent hidden states. The lm_head is
-    then rescaled to give logits of std LOGIT_STD, so the top-1/top-2 gap is typically ~1 logit — far above
-    fp32 op-order noise — while the distribution is still not one-hot. Norm weights ~ U(0.5, 1.5) and
-    biases ~ N(0, INIT_STD) instead of ones/zeros, so a loader that skips them produces different output.
+    Matrices (embeddings, projections) ~ N(0, std) with std = config.initializer_range = INIT_GAIN /
+    sqrt(hidden): large enough that attention and MLPs change the residual stream a lot (small weights
+    give a near-bigram model whose greedy output loops), small enough to keep fp32 rounding error in the
+    logits ~3e-5. The lm_head is then rescaled to give logits of std LOGIT_STD, so the top-1/top-2 gap is
+    typically ~0.5 — four orders above that error — while the distribution is far from one-hot. Norm
+    weights ~ U(0.5, 1.5) and biases ~ N(0, std) instead of ones/zeros, so a loader that skips them
+    produces different output.
     """
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
-    hidden = model.config.hidden_size
-    for name, param in sorted(model.named_parameters()):
-        fresh = torch.empty(param.shape, dtype=torch.float32)
-        if "norm" in name and param.dim() == 1:
-            fresh.uniform_(0.5, 1.5, generator=gen)
-        else:
-            fresh.normal_(0.0, INIT_STD, generator=gen)
-        param.copy_(fresh)
-    head = model.get_output_embeddings()
-    if head is not None:  # when tied this scales the embeddings too; RMSNorm makes that moot
-        head.weight.mul_(LOGIT_STD / (INIT_STD * hidden**0.5))
+    std = float(model.config.initializer_range)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            fresh = torch.empty(param.shape, dtype=torch.float32)
+            if "norm" in name and param.dim() == 1:
+                fresh.uniform_(0.5, 1.5, generator=gen)
+            else:
+                fresh.normal_(0.0, std, generator=gen)
+            param.copy_(fresh)
+        head = model.get_output_embeddings()
+        if head is not None:  # when tied this scales the embeddings too; RMSNorm makes that moot
+            head.weight.mul_(LOGIT_STD / (std * model.config.hidden_size**0.5))
+
 
 def make_checkpoint(
     out_dir: str | Path,
@@ -316,12 +335,14 @@ def make_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     vocab = _write_tokenizer(out, tokenizer)
     config = _build_config(arch, size, vocab, dtype, overrides)
-    torch_dtype = _DTYPES[dtype]
-    model = _ARCHS[arch][1](config)
+    import torch
+    import transformers
+
+    model: PreTrainedModel = getattr(transformers, _ARCHS[arch][1])(config)
     _init_weights(model, seed)
-    model.to(torch_dtype)
-    model.save_pretrained(out, safe_serialization=True)
-    GenerationConfig(
+    model.to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    transformers.GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=list(dict.fromkeys([vocab["eos"], vocab["eot"]])),
         pad_token_id=vocab["pad"],

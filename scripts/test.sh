@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI): lint, format check, type check, then the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ruff check .
+ruff format --check .
+mypy
+# pytest exits 5 when it collects no tests; set -e turns that (like any failure) into a red run.
+python -m pytest -q -x tests

@@ -1,0 +1,66 @@
+"""Shared fixtures: small random-weight checkpoints (built once per session, in seconds).
+
+Every checkpoint comes from `make_checkpoint`, so HF transformers can load it as the oracle. Load their
+tokenizers only through `tokenizer_for` (i.e. `radixrt.tokenizer.load_tokenizer`) so ids agree with the
+runtime's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from radixrt.models.random_checkpoint import make_checkpoint
+from radixrt.tokenizer import load_tokenizer
+
+# Engine fixtures (engine_factory, ...) live in their own module; registering them here makes them global.
+pytest_plugins = ["tests.engine_fixtures"]
+
+
+@cache
+def _load_tokenizer_cached(path: str) -> PreTrainedTokenizerFast:
+    return load_tokenizer(path)
+
+
+def tokenizer_for(path: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer of a checkpoint directory, loaded once per session (the runtime's way)."""
+    return _load_tokenizer_cached(str(Path(path).resolve()))
+
+
+@pytest.fixture(name="tokenizer_for", scope="session")
+def tokenizer_for_fixture() -> Callable[[str | Path], PreTrainedTokenizerFast]:
+    """`tokenizer_for(path)` as a fixture, for tests that prefer not to import from conftest."""
+    return tokenizer_for
+
+
+@pytest.fixture(scope="session")
+def checkpoints_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(checkpoints_dir: Path) -> Path:
+    """Llama, untied lm_head, Llama-3 rope scaling (original context 64, so it matters at test lengths)."""
+    return make_checkpoint(checkpoints_dir / "tiny_llama", arch="llama", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(checkpoints_dir: Path) -> Path:
+    """Mistral without sliding window."""
+    return make_checkpoint(checkpoints_dir / "tiny_mistral", arch="mistral", size="tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(checkpoints_dir: Path) -> Path:
+    """Qwen2: q/k/v biases, tied embeddings."""
+    return make_checkpoint(checkpoints_dir / "tiny_qwen2", arch="qwen2", size="tiny", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(checkpoints_dir: Path) -> Path:
+    """Qwen3: q/k RMSNorm, head_dim 48 != hidden / heads (32)."""
+    return make_checkpoint(checkpoints_dir / "tiny_qwen3", arch="qwen3", size="tiny", seed=3)
