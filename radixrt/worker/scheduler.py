@@ -174,6 +174,7 @@ class Scheduler:
             self.running.remove(req)
         self.kv.release(req)
         req.finish_reason = {"type": "abort", "message": reason}
+        self.stats.on_finish(req)
         self._emit([req])
 
     def flush_cache(self) -> StatsOut:

@@ -1,0 +1,91 @@
+"""The backend interface: what the interpreter asks of a model server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from frontend_lang.chat_template import ChatTemplate, get_chat_template
+from frontend_lang.choices import ChoicesDecision, ChoicesMethod
+from frontend_lang.ir import GenParams
+
+
+@dataclass(slots=True)
+class PromptContext:
+    """What a backend sees of a program state: its text, finished messages and the open role."""
+
+    text: str
+    messages: list[dict[str, str]]
+    role: str | None
+    role_text: str
+
+
+class BackendError(RuntimeError):
+    """The runtime refused or failed a request; the message is the runtime's."""
+
+
+class ConstraintsNotSupportedError(NotImplementedError):
+    """``regex=`` / ``json_schema=`` / ``dtype=`` on a runtime without constrained decoding."""
+
+
+class BaseBackend:
+    """A model server as the interpreter sees it. Subclasses implement ``generate`` and ``select``;
+    ``cache_prefix`` is a hint (a no-op where the server has no prefix cache)."""
+
+    chat_template: ChatTemplate = get_chat_template("default")
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template
+
+    def cache_prefix(self, text: str) -> None:
+        """Make the server compute and cache ``text`` now (a prefill-only request)."""
+
+    def generate(self, ctx: PromptContext, params: GenParams) -> tuple[Any, dict[str, Any]]:
+        """Continue ``ctx.text``: (text, meta_info), or (list of texts, list of meta) when ``n > 1``."""
+        raise NotImplementedError
+
+    def generate_stream(self, ctx: PromptContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Like ``generate`` but yields (new text, meta_info so far) as tokens arrive."""
+        text, meta = self.generate(ctx, params)
+        yield str(text), meta
+
+    def select(
+        self, ctx: PromptContext, choices: list[str], temperature: float, method: ChoicesMethod
+    ) -> ChoicesDecision:
+        """Score every choice as a continuation of ``ctx.text`` and let ``method`` decide."""
+        raise NotImplementedError
+
+    def supports_constraints(self) -> bool:
+        """Whether the runtime enforces ``regex`` / ``json_schema`` (constrained decoding)."""
+        return False
+
+    def check_constraints(self, params: GenParams) -> None:
+        """Raise ConstraintsNotSupportedError unless the runtime can enforce ``params``' constraint."""
+        if not self.supports_constraints():
+            raise ConstraintsNotSupportedError(
+                f"{params.constraint}= (and dtype=) need constrained decoding, which this backend does not "
+                "provide (no grammar backend); the request was not sent"
+            )
+
+    def flush_cache(self) -> bool:
+        """Empty the server's prefix cache; False where it cannot now."""
+        return False
+
+    def get_server_info(self) -> dict[str, Any]:
+        """Server settings and counters (radixrt: ``cached_tokens``, ``computed_prefill_tokens``, ...)."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Release what the backend owns (an engine, a connection pool)."""
+
+
+def validate_choices(choices: list[str]) -> list[str]:
+    """Non-empty, distinct strings (select refuses anything else)."""
+    if not isinstance(choices, list | tuple) or not choices:
+        raise ValueError("choices: select needs a non-empty list of strings")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"choices: every choice must be a non-empty string, got {choices!r}")
+    if len(set(choices)) != len(choices):
+        raise ValueError(f"choices: duplicates in {choices!r}")
+    return list(choices)

@@ -1,0 +1,305 @@
+"""StreamExecutor: runs the expressions a program appends, on its own thread, against a backend.
+
+``s += expr`` only queues ``expr``; the executor's thread runs the queue in order, so the program keeps
+going until it reads a value (``s["name"]`` waits for that variable). Forked states have their own
+executors, which is what makes the branches of a ``fork`` run concurrently.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from frontend_lang.backends.base import PromptContext
+from frontend_lang.chat_template import ChatTemplate
+from frontend_lang.choices import resolve_method
+from frontend_lang.errors import NestedRoleError, ProgramError
+from frontend_lang.ir import (
+    Constant,
+    Expr,
+    ExprList,
+    Gen,
+    GenParams,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    VarScopeBegin,
+    VarScopeEnd,
+)
+
+if TYPE_CHECKING:
+    from frontend_lang.backends.base import BaseBackend
+
+
+class _Join(Expr):
+    """Internal: merge forked executors back into their parent (see ``ProgramStateGroup.join``)."""
+
+    def __init__(self, children: list[StreamExecutor], mode: str) -> None:
+        self.children, self.mode = children, mode
+
+
+class StreamExecutor:
+    """Executes one program state's expressions in order on a background thread."""
+
+    def __init__(
+        self,
+        backend: BaseBackend,
+        arguments: dict[str, Any],
+        default_params: GenParams,
+        chat_template: ChatTemplate,
+        stream: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.arguments = arguments
+        self.default_params = default_params
+        self.chat_template = chat_template
+        self.stream = stream
+        self.text_ = ""
+        self.messages_: list[dict[str, str]] = []
+        self.variables: dict[str, Any] = {}
+        self.assigned: set[str] = set()  # variables set by this executor (a fork's own results)
+        self.fork_pos = 0  # len(text_) when this executor was forked off its parent
+        self.meta_info: dict[str, Any] = {}
+        self.error_: BaseException | None = None
+        self.ret_value: Any = None
+        self.cur_role: str | None = None
+        self._role_start = 0
+        self._role_suffix = ""
+        self._scopes: dict[str, int] = {}
+        self._events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
+        # Stream log: (variable being produced or None, appended text); readers wait on ``cond``.
+        self.cond = threading.Condition()
+        self.log: list[tuple[str | None, str]] = []
+        self.finished = False
+        self._children: list[StreamExecutor] = []  # forks, ended with this executor if never joined
+        self._queue: queue.Queue[Expr | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="frontend-executor", daemon=True)
+        self._thread.start()
+
+    # -- program side ---------------------------------------------------------------------------
+    def submit(self, expr: Expr) -> None:
+        if self.finished:
+            raise RuntimeError("the program state has ended; it accepts no more expressions")
+        for name in _produced(expr):
+            self._events[name].clear()
+        self._queue.put(expr)
+
+    def sync(self) -> None:
+        """Wait until every queued expression has run."""
+        self._queue.join()
+
+    def end(self) -> None:
+        """Run what is queued, then stop the thread."""
+        if not self.finished and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self.finished = True
+        for child in self._children:
+            child.end()
+
+    def get_var(self, name: str) -> Any:
+        """The variable's value, waiting for the queued expression that produces it.
+
+        Raises ProgramError (chaining the cause) if the program failed first, KeyError if nothing
+        queued produces it.
+        """
+        event = self._events[name]
+        while not event.wait(0.05):
+            if self._queue.unfinished_tasks == 0 and not event.is_set():
+                break  # idle, and nothing queued will set it
+        if name in self.variables:
+            return self.variables[name]
+        if self.error_ is not None:
+            raise ProgramError(f"variable {name!r} was not produced: the program failed") from self.error_
+        raise KeyError(f"variable {name!r} is not set")
+
+    def set_var(self, name: str, value: Any) -> None:
+        with self.cond:
+            self.variables[name] = value
+            self.assigned.add(name)
+            self._events[name].set()
+            self.cond.notify_all()
+
+    def is_done(self, var_name: str | None = None) -> bool:
+        """True once the program ended (or failed), or, with ``var_name``, once that variable is set."""
+        if self.finished or self.error_ is not None:
+            return True
+        return var_name is not None and var_name in self.variables and self._events[var_name].is_set()
+
+    def fail(self, error: BaseException) -> None:
+        """Record the first error; wake everyone waiting for a variable."""
+        with self.cond:
+            if self.error_ is None:
+                self.error_ = error
+            for event in list(self._events.values()):
+                event.set()
+            self.cond.notify_all()
+
+    def context(self) -> PromptContext:
+        role_text = self.text_[self._role_start :] if self.cur_role else ""
+        return PromptContext(self.text_, list(self.messages_), self.cur_role, role_text)
+
+    def fork(self, size: int) -> list[StreamExecutor]:
+        """Run what is queued, commit the shared text to the backend's cache (one prefill-only
+        request) and return ``size`` executors that continue from here, each on its own thread."""
+        self.sync()
+        if self.error_ is None and size > 1 and self.text_:
+            try:
+                self.backend.cache_prefix(self.text_)
+            except Exception as exc:  # noqa: BLE001 - surfaced through state.error()
+                self.fail(exc)
+        children = [self.fork_child() for _ in range(size)]
+        self._children.extend(children)
+        return children
+
+    def join(self, children: list[StreamExecutor], mode: str) -> None:
+        """Queue the merge of ``children`` (see ``ProgramStateGroup.join``)."""
+        self.submit(_Join(children, mode))
+
+    def fork_child(self) -> StreamExecutor:
+        """A new executor that starts from this one's current (synced) state."""
+        child = StreamExecutor(
+            self.backend, self.arguments, self.default_params, self.chat_template, self.stream
+        )
+        child.text_, child.messages_ = self.text_, list(self.messages_)
+        child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
+        child.cur_role, child._role_start, child._role_suffix = (
+            self.cur_role,
+            self._role_start,
+            self._role_suffix,
+        )
+        child.fork_pos = len(self.text_)
+        for name in child.variables:
+            child._events[name].set()
+        return child
+
+    # -- executor thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            expr = self._queue.get()
+            try:
+                if expr is None:
+                    return
+                if self.error_ is None:
+                    self._execute(expr)
+                else:  # skipped after a failure: nobody may wait for its variables
+                    for name in _produced(expr):
+                        self._events[name].set()
+            except Exception as exc:  # noqa: BLE001 - surfaced through state.error()
+                self.fail(exc)
+            finally:
+                self._queue.task_done()
+                if expr is None:
+                    with self.cond:
+                        self.finished = True
+                        for event in list(self._events.values()):
+                            event.set()
+                        self.cond.notify_all()
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        if not text:
+            return
+        with self.cond:
+            self.text_ += text
+            self.log.append((var, text))
+            self.cond.notify_all()
+
+    def _execute(self, expr: Expr) -> None:
+        if isinstance(expr, ExprList):
+            for item in expr.items:
+                self._execute(item)
+        elif isinstance(expr, Constant):
+            self._append(expr.value)
+        elif isinstance(expr, Gen):
+            self._gen(expr)
+        elif isinstance(expr, Select):
+            self._select(expr)
+        elif isinstance(expr, RoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, RoleEnd):
+            self._role_end(expr.role)
+        elif isinstance(expr, VarScopeBegin):
+            self._scopes[expr.name] = len(self.text_)
+        elif isinstance(expr, VarScopeEnd):
+            self.set_var(expr.name, self.text_[self._scopes.pop(expr.name) :])
+        elif isinstance(expr, _Join):
+            self._join(expr)
+        else:
+            raise TypeError(f"unsupported expression {type(expr).__name__}")
+
+    def _role_begin(self, role: str) -> None:
+        if self.cur_role is not None:
+            raise NestedRoleError(
+                f"cannot open role {role!r} inside role {self.cur_role!r}: roles do not nest"
+            )
+        prefix, self._role_suffix = self.chat_template.role_prefix_suffix(role, self.messages_)
+        self._append(prefix)
+        self.cur_role, self._role_start = role, len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        if self.cur_role != role:
+            raise NestedRoleError(f"{role}_end() without a matching {role}_begin() (open: {self.cur_role})")
+        content = self.text_[self._role_start :]
+        self._append(self._role_suffix)
+        self.messages_.append({"role": role, "content": content})
+        self.cur_role = None
+
+    def _gen(self, expr: Gen) -> None:
+        params = expr.params.merged(self.default_params)
+        if self.cur_role == "assistant" and self.chat_template.stop_str:
+            params.stop = params.stop_list() + [
+                s for s in self.chat_template.stop_str if s not in params.stop_list()
+            ]
+        if params.constraint is not None:
+            self.backend.check_constraints(params)
+        ctx = self.context()
+        if self.stream and (params.n or 1) == 1:
+            pieces: list[str] = []
+            meta: dict[str, Any] = {}
+            for delta, snapshot in self.backend.generate_stream(ctx, params):
+                meta = snapshot
+                pieces.append(delta)
+                self._append(delta, expr.name)
+            value: Any = "".join(pieces)
+        else:
+            value, meta = self.backend.generate(ctx, params)
+            if isinstance(value, str):
+                self._append(value, expr.name)
+        if expr.name is not None:
+            self.meta_info[expr.name] = meta
+            self.set_var(expr.name, value)
+
+    def _select(self, expr: Select) -> None:
+        method = resolve_method(expr.choices_method)
+        decision = self.backend.select(self.context(), expr.choices, expr.temperature, method)
+        self._append(decision.choice, expr.name)
+        if expr.name is not None:
+            self.meta_info[expr.name] = decision.meta_info
+            self.set_var(expr.name, decision.choice)
+
+    def _join(self, expr: _Join) -> None:
+        for child in expr.children:
+            child.end()
+        failed = next((c.error_ for c in expr.children if c.error_ is not None), None)
+        if failed is not None:
+            raise failed
+        if expr.mode == "concate_and_append":
+            self._append("".join(c.text_[c.fork_pos :] for c in expr.children))
+            return
+        names = dict.fromkeys(n for c in expr.children for n in sorted(c.assigned))
+        for name in names:
+            self.meta_info[name] = [c.meta_info.get(name) for c in expr.children]
+            self.set_var(name, [c.variables.get(name) for c in expr.children])
+
+
+def _produced(expr: Expr) -> list[str]:
+    """Variables an expression will (re)assign: their events are reset when it is queued."""
+    if isinstance(expr, ExprList):
+        return [n for item in expr.items for n in _produced(item)]
+    if isinstance(expr, Gen | Select) and expr.name is not None:
+        return [expr.name]
+    if isinstance(expr, VarScopeEnd):
+        return [expr.name]
+    return []
