@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo command (README): install on a fresh machine, then run the demo on the embedded model.
+# The demo command (README): install on a fresh machine, then run the ReAct agent example on the embedded model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[dev]"
 
-python -m radixrt.demo "$@"
+python examples/react_agent.py "$@"
