@@ -109,7 +109,6 @@ def launch_server(args: ServerArgs) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     code = 0
     try:
-        logger.info("listening on %s", url)
         server.run()
         code = 0 if server.started else 1
     except (KeyboardInterrupt, _Stop):

@@ -1,0 +1,226 @@
+"""The FastAPI app: SGLang-native routes (/generate, health, admin, /metrics) plus the OpenAI router.
+
+``build_app(ctx)`` wires routes to one ServerContext. Every route but /health needs the API key when
+``--api-key`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radixrt import __version__
+from radixrt.http.context import ServerContext
+from radixrt.http.errors import (
+    APIError,
+    JSONResponse,
+    as_api_error,
+    install_error_handlers,
+    refused,
+    worker_dead,
+)
+from radixrt.http.openai_api import build_openai_router
+from radixrt.http.streaming import (
+    CLIENT_CLOSED,
+    DONE,
+    ClientDisconnected,
+    SSEResponse,
+    collect,
+    convert,
+    first_or_final,
+    read_json,
+    sse_event,
+)
+from radixrt.io_struct import GenerateReqInput
+from radixrt.protocol import FlushCacheReq
+from radixrt.tokenizer_manager import WorkerDeadError
+
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+SGLANG_UNSUPPORTED_SAMPLING = ("stop_regex", "custom_params")
+
+
+class GenerateBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The JSON body of POST /generate (SGLang's ``GenerateReqInput``)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+    cache_salt: str | list[str] | None = None
+    # accepted for compatibility with SGLang clients; only their "off" values are
+    image_data: Any = None
+    lora_path: Any = None
+    custom_logit_processor: Any = None
+    return_hidden_states: bool = False
+    log_metrics: bool = True
+    modalities: list[str] | None = None
+
+    def to_request(self) -> GenerateReqInput:
+        for name in ("image_data", "lora_path", "custom_logit_processor"):
+            if getattr(self, name) not in (None, [], ""):
+                raise APIError(400, f"{name}: not supported by this server", param=name)
+        if self.return_hidden_states:
+            raise APIError(
+                400, "return_hidden_states: not supported by this server", param="return_hidden_states"
+            )
+        if (self.text is None) == (self.input_ids is None):
+            raise APIError(400, "text: give exactly one of `text` and `input_ids`", param="text")
+        for params in (
+            self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
+        ):
+            _drop_unset_extensions(params)
+        if isinstance(self.text, list) and not self.text or self.input_ids == []:
+            raise APIError(
+                400, "text: the batch is empty", param="text" if self.text is not None else "input_ids"
+            )
+        return GenerateReqInput(
+            text=self.text,
+            input_ids=self.input_ids,
+            sampling_params=self.sampling_params,
+            return_logprob=self.return_logprob,
+            logprob_start_len=self.logprob_start_len,
+            top_logprobs_num=self.top_logprobs_num,
+            return_text_in_logprobs=self.return_text_in_logprobs,
+            stream=self.stream,
+            rid=self.rid,
+            cache_salt=self.cache_salt,
+        )
+
+
+def _drop_unset_extensions(params: dict[str, Any] | None) -> None:
+    """SGLang clients send sampling fields radixrt lacks at their "off" value (the frontend always
+    sends ``stop_regex: []``): drop those, refuse them when set."""
+    if not params:
+        return
+    for name in SGLANG_UNSUPPORTED_SAMPLING:
+        if name in params:
+            if params[name] not in (None, [], ""):
+                raise APIError(400, f"{name}: not supported by this server", param=name)
+            del params[name]
+
+
+class APIKeyMiddleware:
+    """401 for every route but /health unless ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            headers = dict(scope["headers"])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            token = (
+                auth[7:].strip()
+                if auth[:7].lower() == "bearer "
+                else headers.get(b"x-api-key", b"").decode("latin-1")
+            )
+            if not secrets.compare_digest(token.encode("latin-1"), self.api_key.encode()):
+                error = APIError(
+                    401,
+                    "invalid or missing API key (send `Authorization: Bearer <key>`)",
+                    code="invalid_api_key",
+                )
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(ctx: ServerContext) -> FastAPI:
+    """The ASGI app serving ``ctx``."""
+    app = FastAPI(title="radixrt", version=__version__, docs_url=None, redoc_url=None)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    if ctx.args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=ctx.args.api_key)
+    app.include_router(build_openai_router(ctx))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not ctx.client.is_alive():
+            return JSONResponse({"status": "worker_down"}, status_code=503)
+        if not ctx.ready:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        obj = GenerateReqInput(text="ping", sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+        try:
+            out = await asyncio.wait_for(collect(ctx.tm.generate(obj)), HEALTH_GENERATE_TIMEOUT_S)
+        except (TimeoutError, WorkerDeadError) as exc:
+            return worker_dead(WorkerDeadError(str(exc) or "timed out")).response()
+        return JSONResponse({"status": "ok", "output_ids": out["output_ids"]})
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def get_model_info() -> Response:
+        return JSONResponse(ctx.model_info())
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def get_server_info() -> Response:
+        return JSONResponse(await ctx.server_info())
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        out = await asyncio.wait_for(ctx.tm.control_request(FlushCacheReq()), 30)
+        if not out.ok:
+            raise APIError(400, out.message or "cannot flush the cache now")
+        return JSONResponse({"message": "Cache flushed.", "success": True})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        try:
+            stats: dict[str, float] | None = (await ctx.worker_stats()).stats
+        except WorkerDeadError:
+            stats = None
+        return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        obj = convert(await read_json(request), GenerateBody).to_request()
+        agen = ctx.tm.generate(obj)
+        try:
+            first = await first_or_final(request, agen, obj.stream)
+        except ClientDisconnected:
+            ctx.metrics.aborted.inc()
+            return Response(status_code=CLIENT_CLOSED)
+        except StopAsyncIteration:
+            raise APIError(400, "text: the batch is empty") from None
+        error = refused(first) if isinstance(first, dict) else None
+        if error is not None:
+            await agen.aclose()
+            raise error
+        if not obj.stream:
+            return JSONResponse(first)
+        return SSEResponse(_native_events(first, agen), on_disconnect=ctx.metrics.aborted.inc)
+
+    return app
+
+
+async def _native_events(first: dict[str, Any], agen: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """``data: {...}`` per cumulative snapshot, an error event if the request fails, then [DONE]."""
+    try:
+        yield sse_event(first)
+        async for out in agen:
+            yield sse_event(out)
+    except Exception as exc:
+        yield sse_event(as_api_error(exc).body())
+    finally:
+        aclose = getattr(agen, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    yield DONE

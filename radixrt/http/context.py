@@ -1,0 +1,113 @@
+"""ServerContext: what the HTTP routes share (args, tokenizer, TokenizerManager, worker link, metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from radixrt import __version__
+from radixrt.engine import resolve_model_path
+from radixrt.http.metrics import ServerMetrics
+from radixrt.protocol import GetStatsReq, StatsOut, WorkerReady
+from radixrt.server_args import ServerArgs
+from radixrt.tokenizer import eos_token_ids, load_tokenizer
+from radixrt.tokenizer_manager import TokenizerManager, WorkerDeadError
+from radixrt.zmq_client import ZmqWorkerClient
+
+logger = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 10.0
+
+
+@dataclass
+class ServerContext:
+    """One running server: built by ``start``, torn down by ``shutdown``."""
+
+    args: ServerArgs
+    model_path: str
+    model_name: str
+    tokenizer: PreTrainedTokenizerBase
+    client: ZmqWorkerClient
+    info: WorkerReady
+    tm: TokenizerManager
+    metrics: ServerMetrics
+    ready: bool = False  # set after the warm-up request went through
+    started_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def start(cls, args: ServerArgs) -> ServerContext:
+        """Load the tokenizer, spawn the worker process and wait for its handshake."""
+        model_path = resolve_model_path(args)
+        tokenizer = load_tokenizer(args.tokenizer_path or model_path)
+        client = ZmqWorkerClient.spawn(args, model_path, eos_token_ids(tokenizer, model_path))
+        assert client.info is not None
+        info = client.info
+        name = args.served_model_name or Path(model_path).name
+        tm = TokenizerManager(tokenizer, client, info.context_len, info.vocab_size, name, args.random_seed)
+        client.on_death = tm.fail_all
+        metrics = ServerMetrics(name)
+        tm.listeners.append(metrics.on_finished)
+        return cls(args, model_path, name, tokenizer, client, info, tm, metrics)
+
+    @property
+    def context_len(self) -> int:
+        return self.info.context_len
+
+    def model_info(self) -> dict[str, Any]:
+        """/get_model_info (the SGLang frontend reads ``model_path``)."""
+        i = self.info
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.args.tokenizer_path or self.model_path,
+            "served_model_name": self.model_name,
+            "is_generation": True,
+            "architecture": i.architecture,
+            "dtype": i.dtype,
+            "context_length": i.context_len,
+            "vocab_size": i.vocab_size,
+            "kv_total_tokens": i.kv_total_tokens,
+            "kv_bytes": i.kv_bytes,
+            "page_size": i.page_size,
+        }
+
+    async def worker_stats(self) -> StatsOut:
+        """The worker's StatsOut (raises WorkerDeadError when it is gone or does not answer)."""
+        try:
+            return await asyncio.wait_for(self.tm.control_request(GetStatsReq()), STATS_TIMEOUT_S)
+        except TimeoutError:
+            raise WorkerDeadError(f"the worker did not answer within {STATS_TIMEOUT_S:.0f}s") from None
+
+    async def server_info(self) -> dict[str, Any]:
+        """/get_server_info: settings, model facts, worker stats and the KV invariant check."""
+        stats = await self.worker_stats()
+        settings = self.args.to_dict()
+        settings["api_key"] = None if settings.get("api_key") is None else "<set>"
+        return {
+            **settings,
+            "version": __version__,
+            "model_path": self.model_path,
+            "model_info": self.model_info(),
+            "worker_pid": self.client.pid,
+            "ipc_dir": self.client.ipc_dir,
+            "uptime_s": time.time() - self.started_at,
+            "num_http_requests_in_flight": len(self.tm.states),
+            **stats.stats,
+            "kv_invariant_message": stats.message,
+        }
+
+    def startup_summary(self) -> str:
+        i = self.info
+        return (
+            f"model {self.model_path} ({i.architecture}, {i.dtype}, context {i.context_len}, "
+            f"vocab {i.vocab_size}); KV pool {i.kv_total_tokens} tokens, {i.kv_bytes / 2**20:.1f} MiB, "
+            f"page size {i.page_size}; worker pid {i.pid}"
+        )
+
+    def shutdown(self) -> None:
+        self.client.shutdown()

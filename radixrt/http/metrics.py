@@ -1,0 +1,123 @@
+"""/metrics: Prometheus metrics with the ``radixrt:`` prefix and a ``model_name`` label.
+
+Request-level numbers (tokens, latencies) are recorded in the HTTP process when a request finishes
+(a TokenizerManager listener); worker-level numbers (queue, KV usage, evictions, retractions) are read
+from the worker's stats at scrape time. Each server owns its registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "radixrt:"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+# worker stat -> (metric name, help); gauges are point-in-time, counters cumulative since start
+_WORKER_GAUGES = {
+    "num_running_reqs": (
+        "num_running_reqs",
+        "Requests running in the worker (decoding or in chunked prefill)",
+    ),
+    "num_queue_reqs": ("num_queue_reqs", "Requests waiting in the worker's queue"),
+    "kv_token_usage": ("token_usage", "Fraction of KV slots held by running requests"),
+    "kv_used_tokens": ("kv_used_tokens", "KV slots held by running requests"),
+    "kv_cached_tokens": ("kv_cached_tokens", "Tokens held by the RadixCache"),
+    "kv_total_tokens": ("kv_total_tokens", "KV pool size in tokens"),
+    "cache_hit_rate": ("cache_hit_rate", "Cached prompt tokens / prompt tokens, since start"),
+}
+_WORKER_COUNTERS = {
+    "evicted_tokens": ("evicted_tokens", "Tokens evicted from the RadixCache"),
+    "retractions": ("num_retractions", "Running requests retracted to free KV memory"),
+    "computed_prefill_tokens": (
+        "computed_prefill_tokens",
+        "Prompt tokens computed by prefill (cache misses)",
+    ),
+}
+
+
+class _WorkerCollector(Collector):
+    """Exposes the most recent worker stats snapshot."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats: dict[str, float] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            PREFIX + "worker_up", "1 while the worker process answers", labels=["model_name"]
+        )
+        up.add_metric([self.model_name], 0.0 if self.stats is None else 1.0)
+        yield up
+        if self.stats is None:
+            return
+        for key, (name, doc) in _WORKER_GAUGES.items():
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            g.add_metric([self.model_name], float(self.stats.get(key, 0.0)))
+            yield g
+        for key, (name, doc) in _WORKER_COUNTERS.items():
+            c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            c.add_metric([self.model_name], float(self.stats.get(key, 0.0)))
+            yield c
+
+
+class ServerMetrics:
+    """All metrics of one server; ``on_finished`` is a TokenizerManager listener."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry).labels(
+                model_name
+            )
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens of finished requests")
+        self.cached_tokens = counter(
+            "cached_tokens", "Prompt tokens of finished requests served from the cache"
+        )
+        self.aborted = counter("num_aborted_requests", "Requests aborted because the client disconnected")
+        self._requests = Counter(
+            PREFIX + "num_requests",
+            "Finished requests by finish reason",
+            ["model_name", "finish_reason"],
+            registry=self.registry,
+        )
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between two output tokens", ITL_BUCKETS)
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "Request latency, arrival to last token", LATENCY_BUCKETS
+        )
+        self._worker = _WorkerCollector(model_name)
+        self.registry.register(self._worker)
+
+    def on_finished(self, result: dict[str, Any]) -> None:
+        """Record one finished request (a TokenizerManager result with its ``timing``)."""
+        meta = result["meta_info"]
+        self.prompt_tokens.inc(meta["prompt_tokens"])
+        self.generation_tokens.inc(meta["completion_tokens"])
+        self.cached_tokens.inc(meta["cached_tokens"])
+        reason = (meta.get("finish_reason") or {}).get("type", "unknown")
+        self._requests.labels(self.model_name, reason).inc()
+        timing = result.get("timing") or {}
+        if timing.get("ttft") is not None:
+            self.ttft.observe(timing["ttft"])
+        for gap in timing.get("itl", ()):
+            self.itl.observe(gap)
+        self.e2e.observe(timing.get("e2e", meta.get("e2e_latency", 0.0)))
+
+    def render(self, worker_stats: dict[str, float] | None) -> bytes:
+        """The text exposition, with ``worker_stats`` (None: the worker is down) as worker metrics."""
+        self._worker.stats = worker_stats
+        return generate_latest(self.registry)

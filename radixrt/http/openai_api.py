@@ -1,0 +1,169 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Both generation routes turn the request into one ``GenerateReqInput`` over token ids (chat template
+applied here), run it through the TokenizerManager like /generate does, and format the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from radixrt.http.errors import APIError, JSONResponse, as_api_error, bad_request, refused
+from radixrt.http.openai_format import ChatFormatter, CompletionFormatter, _Formatter
+from radixrt.http.openai_protocol import (
+    RENAME_CHAT,
+    RENAME_COMPLETION,
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_prompt_ids,
+    completion_prompts,
+)
+from radixrt.http.streaming import (
+    CLIENT_CLOSED,
+    DONE,
+    ClientDisconnected,
+    SSEResponse,
+    convert,
+    first_or_final,
+    read_json,
+    sse_event,
+)
+from radixrt.io_struct import GenerateReqInput
+
+if TYPE_CHECKING:
+    from radixrt.http.context import ServerContext
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+def build_openai_router(ctx: ServerContext) -> APIRouter:
+    """The /v1 routes of one server."""
+    router = APIRouter()
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": int(ctx.started_at),
+            "owned_by": "radixrt",
+            "root": ctx.model_path,
+            "max_model_len": ctx.context_len,
+        }
+
+    @router.get("/v1/models")
+    async def list_models() -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @router.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> Response:
+        if model_id != ctx.model_name:
+            raise APIError(404, f"model {model_id!r} not found", param="model", code="model_not_found")
+        return JSONResponse(model_card())
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = convert(await read_json(request), CompletionRequest)
+        req.check()
+        prompts = completion_prompts(ctx.tokenizer, req.prompt)
+        max_new = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        params = req.sampling_params(max_new)
+        want_lp = req.logprobs is not None
+        echo_texts = None
+        if req.echo:
+            echo_texts = [
+                p if isinstance(p, str) else str(ctx.tokenizer.decode(ids))
+                for p, ids in zip(_prompt_items(req.prompt), prompts, strict=True)
+            ]
+        obj = GenerateReqInput(
+            input_ids=prompts if len(prompts) > 1 else prompts[0],
+            sampling_params=params,
+            return_logprob=want_lp,
+            logprob_start_len=0 if req.echo and want_lp else None,
+            top_logprobs_num=req.logprobs or 0,
+            return_text_in_logprobs=True,
+            stream=req.stream,
+            rid=req.rid,
+            cache_salt=req.cache_salt,
+        )
+        fmt = CompletionFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, echo_texts, req.rid)
+        return await _serve(ctx, request, obj, fmt, RENAME_COMPLETION)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = convert(await read_json(request), ChatCompletionRequest)
+        req.check()
+        ids = chat_prompt_ids(ctx.tokenizer, req)
+        if len(ids) >= ctx.context_len:
+            raise APIError(
+                400,
+                f"messages: the prompt has {len(ids)} tokens; the context length is {ctx.context_len}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_new = max_tokens if max_tokens is not None else ctx.context_len - len(ids)
+        obj = GenerateReqInput(
+            input_ids=ids,
+            sampling_params=req.sampling_params(max_new),
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            return_text_in_logprobs=True,
+            stream=req.stream,
+            rid=req.rid,
+            cache_salt=req.cache_salt,
+        )
+        fmt = ChatFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid)
+        return await _serve(ctx, request, obj, fmt, RENAME_CHAT)
+
+    return router
+
+
+def _prompt_items(prompt: str | list[Any]) -> list[Any]:
+    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+        return [prompt]
+    return list(prompt)
+
+
+async def _serve(
+    ctx: ServerContext, request: Request, obj: GenerateReqInput, fmt: _Formatter, rename: dict[str, str]
+) -> Response:
+    agen = ctx.tm.generate(obj)
+    try:
+        first = await first_or_final(request, agen, obj.stream)
+    except ClientDisconnected:
+        ctx.metrics.aborted.inc()
+        return Response(status_code=CLIENT_CLOSED)
+    except ValueError as exc:
+        raise bad_request(exc, rename) from None
+    results = first if isinstance(first, list) else [first]
+    for error in filter(None, map(refused, results)):
+        await agen.aclose()
+        raise error
+    if not obj.stream:
+        return JSONResponse(fmt.response(results))
+    return SSEResponse(_events(fmt, first, agen), on_disconnect=ctx.metrics.aborted.inc)
+
+
+async def _events(
+    fmt: _Formatter, first: dict[str, Any], agen: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[bytes]:
+    """Delta chunks, the usage chunk when asked for, then [DONE]; an error event if the request fails."""
+    try:
+        for chunk in fmt.chunks(first):
+            yield sse_event(chunk)
+        async for out in agen:
+            for chunk in fmt.chunks(out):
+                yield sse_event(chunk)
+        if fmt.include_usage:
+            yield sse_event(fmt.usage_chunk())
+    except Exception as exc:
+        yield sse_event(as_api_error(exc).body())
+    finally:
+        aclose = getattr(agen, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    yield DONE
