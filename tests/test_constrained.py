@@ -163,3 +163,19 @@ def test_bad_constraints_raise(engine, params: dict, field: str) -> None:
         engine.generate(prompt="x", sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"]
         == 2
     )
+
+
+def test_slow_grammar_compilation_is_aborted(tiny_qwen2: Path) -> None:
+    from tests.engine_fixtures import make_engine
+
+    eng = make_engine(tiny_qwen2, grammar_compile_timeout=1e-6)
+    try:
+        props = {
+            f"field_number_{i}": {"type": "string", "pattern": f"[a-z]{{{i % 5 + 1}}}x"} for i in range(60)
+        }
+        schema = {"type": "object", "properties": props, "required": list(props)}
+        with pytest.raises(ValueError, match="json_schema: grammar compilation took longer than"):
+            eng.generate(prompt="x", sampling_params={"json_schema": json.dumps(schema)})
+        eng.check_invariant()
+    finally:
+        eng.shutdown()

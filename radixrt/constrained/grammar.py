@@ -112,7 +112,8 @@ class GrammarBackend:
         if not fut.done():
             if time.monotonic() - submitted_at > self.compile_timeout_s:
                 self.cache.pop(key, None)
-                return GrammarError(f"grammar compilation took longer than {self.compile_timeout_s:.0f}s")
+                field = {"regex": "regex", "json": "json_schema", "ebnf": "ebnf"}[key[0]]
+                return GrammarError(f"{field}: grammar compilation took longer than {self.compile_timeout_s:g}s")
             return None
         exc = fut.exception()
         if exc is not None:
