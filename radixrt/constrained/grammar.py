@@ -113,7 +113,9 @@ class GrammarBackend:
             if time.monotonic() - submitted_at > self.compile_timeout_s:
                 self.cache.pop(key, None)
                 field = {"regex": "regex", "json": "json_schema", "ebnf": "ebnf"}[key[0]]
-                return GrammarError(f"{field}: grammar compilation took longer than {self.compile_timeout_s:g}s")
+                return GrammarError(
+                    f"{field}: grammar compilation took longer than {self.compile_timeout_s:g}s"
+                )
             return None
         exc = fut.exception()
         if exc is not None:
