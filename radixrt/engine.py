@@ -18,7 +18,7 @@ from radixrt.models.config import ModelConfig
 from radixrt.protocol import FlushCacheReq, GetStatsReq
 from radixrt.server_args import ServerArgs
 from radixrt.tokenizer import eos_token_ids, load_tokenizer
-from radixrt.tokenizer_manager import TokenizerManager
+from radixrt.tokenizer_manager import TokenizerManager, WorkerDeadError
 from radixrt.worker.inprocess import InProcessWorker
 
 
@@ -51,6 +51,9 @@ class Engine:
             cfg.vocab_size,
             name,
             args.random_seed,
+        )
+        self.worker.on_death = lambda exc: self.tokenizer_manager.fail_all(
+            WorkerDeadError(f"the scheduler thread died: {exc}")
         )
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(

@@ -15,8 +15,6 @@ _FUSED = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
     "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
 }
 
 
@@ -60,7 +58,7 @@ def load_model(
                 fused = _FUSED.get(pieces[-2]) if len(pieces) >= 2 else None
                 if fused is not None:
                     fused_name = ".".join([*pieces[:-2], fused[0], pieces[-1]])
-                    slot = parts.setdefault(fused_name, [None] * (3 if fused[0] == "qkv_proj" else 2))
+                    slot = parts.setdefault(fused_name, [None, None, None])
                     slot[fused[1]] = tensor
                     if all(p is not None for p in slot):
                         _copy(params, fused_name, torch.cat([p for p in slot if p is not None]))

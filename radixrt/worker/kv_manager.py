@@ -48,6 +48,20 @@ class KVManager:
         row[req.kv_len : req.kv_len + num_tokens] = slots
         return True
 
+    def alloc_decode(self, reqs: list[Req]) -> bool:
+        """One more slot for each request (callers made room first). Batched when pages are single tokens."""
+        if self.page_size > 1:
+            return all(self.alloc(r, 1) for r in reqs)
+        if len(reqs) > self.allocator.available_size():
+            self.tree.evict(len(reqs) - self.allocator.available_size())
+        slots = self.allocator.alloc(len(reqs))
+        if slots is None:
+            return False
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        self.req_pool.req_to_token[rows, cols] = slots
+        return True
+
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req: Req) -> bool:
         """Give ``req`` a pool row and its cached prefix (locked). False when no row is free."""

@@ -54,9 +54,10 @@ def _dfs_weight(waiting: list[Req], nodes: dict[str, TreeNode]) -> list[Req]:
     out: list[Req] = []
 
     def visit(key: int) -> None:
-        out.extend(sorted(by_node.get(key, []), key=lambda r: r.arrival))
+        # Deeper (longer cached) subtrees first, heavier first among siblings, then the node's own.
         for c in sorted(children[key], key=lambda k: -weight[k]):
             visit(c)
+        out.extend(sorted(by_node.get(key, []), key=lambda r: r.arrival))
 
     for root in sorted(roots, key=lambda k: -weight[k]):
         visit(root)

@@ -368,9 +368,8 @@ class Scheduler:
         reqs = list(self.running)
         if not reqs:
             return
-        for req in reqs:
-            ok = self.kv.alloc(req, 1)
-            assert ok, "decode slot allocation failed after retraction"
+        ok = self.kv.alloc_decode(reqs)
+        assert ok, "decode slot allocation failed after retraction"
         kv_lens = [r.kv_len for r in reqs]
         fi = ForwardInput(
             ForwardMode.DECODE,
