@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The project's test command (README, CI): lint, format check, type check, then the test suite.
+# The project's test command (README, CI): install, lint, format check, type check, then the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/install.sh
 ruff check .
 ruff format --check .
 mypy
