@@ -58,10 +58,18 @@ def machine_info(threads: int) -> dict[str, Any]:
     }
 
 
+def scrub_paths(text: str) -> str:
+    """Replace this machine's absolute paths (repo, home, site-packages) with neutral ones."""
+    site = str(Path(torch.__file__).resolve().parent.parent)
+    for old, new in ((str(REPO_ROOT) + "/", ""), (site + "/", "site-packages/"), (str(Path.home()), "~")):
+        text = text.replace(old, new)
+    return text
+
+
 def write_json(path: Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON (creating parent folders) and return the path."""
+    """Write ``data`` as indented JSON (creating parent folders, no machine paths) and return the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    path.write_text(scrub_paths(json.dumps(data, indent=2)) + "\n", encoding="utf-8")
     return path
 
 

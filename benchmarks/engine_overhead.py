@@ -53,6 +53,7 @@ from benchmarks.common import (
     bench_checkpoint,
     format_table,
     machine_info,
+    scrub_paths,
     update_readme_section,
     write_json,
 )
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = profile_engine(eng, prompts, args.new_tokens)
         profile_path = args.out.with_name(args.out.stem + "_profile.txt")
         profile_path.parent.mkdir(parents=True, exist_ok=True)
-        profile_path.write_text(profile, encoding="utf-8")
+        profile_path.write_text(scrub_paths(profile), encoding="utf-8")
     eng.check_invariant()
     eng.shutdown()
     top = next((r for r in rows if r["batch"] == max_batch), rows[-1])
