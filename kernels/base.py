@@ -42,6 +42,9 @@ class AttentionMetadata:
     out_cache_loc: torch.Tensor  # [T] int64 slot of each new token
     max_extend_len: int
     max_seq_len: int
+    # [B, max_seq_len] token slots of each request (entries past seq_lens are arbitrary): the paged
+    # table expanded to tokens, for backends that gather K/V directly (torch_native).
+    slot_table: torch.Tensor
 
     @property
     def batch_size(self) -> int:

@@ -1,7 +1,6 @@
 """The CPU reference attention backend: one batched SDPA call per layer over gathered K/V.
 
-Per forward it builds a padded ``[B, max_seq_len]`` table of KV slots from the paged metadata and
-a boolean mask (causal over prefix + new tokens, sequence length, optional sliding window); per
+Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and builds a boolean mask (causal over prefix + new tokens, sequence length, optional sliding window); per
 layer it gathers K/V through that table and runs ``scaled_dot_product_attention`` with GQA.
 No Python loop over tokens or requests in the per-layer path.
 """
@@ -23,26 +22,11 @@ class TorchNativeBackend(AttentionBackend):
     _mask: torch.Tensor | None
 
     def init_forward_metadata(self, md: AttentionMetadata) -> None:
-        b = md.batch_size
         dev = md.seq_lens.device
-        ps = md.page_size
-        # Page table [B, max_pages] -> token slots [B, max_seq_len].
-        num_pages = md.kv_indptr[1:] - md.kv_indptr[:-1]
-        max_pages = (md.max_seq_len + ps - 1) // ps
-        page_pos = torch.arange(max_pages, device=dev)
-        page_ok = page_pos[None, :] < num_pages[:, None]
-        flat = (md.kv_indptr[:-1, None] + page_pos[None, :]).clamp(max=max(md.kv_indices.numel() - 1, 0))
-        pages = (
-            torch.where(page_ok, md.kv_indices[flat], 0) if md.kv_indices.numel() else torch.zeros_like(flat)
-        )
-        if ps == 1:
-            slots = pages
-        else:
-            offs = torch.arange(ps, device=dev)
-            slots = (pages[:, :, None] * ps + offs[None, None, :]).reshape(b, max_pages * ps)
         kv_pos = torch.arange(md.max_seq_len, device=dev)
         kv_ok = kv_pos[None, :] < md.seq_lens[:, None]
-        self._slot_table = torch.where(kv_ok, slots[:, : md.max_seq_len], 0)
+        # Padding positions read slot 0 (the reserved padding target); the mask hides them.
+        self._slot_table = torch.where(kv_ok, md.slot_table, 0)
         # Query table [B, max_extend_len] of flat token indices.
         extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
         q_pos = torch.arange(md.max_extend_len, device=dev)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 
-@dataclass(slots=True)
-class GenerateReqInput:
-    """SGLang's native request: one prompt (``text`` or ``input_ids``) or a batch of them."""
+
+class GenerateReqInput(msgspec.Struct, kw_only=True):
+    """SGLang's native request: one prompt (``text`` or ``input_ids``) or a batch of them.
+
+    A msgspec Struct so the HTTP layer decodes JSON straight into it (``input_ids`` is a list of ids
+    or a list of such lists; msgspec allows one list type per union, so the items are ``Any``).
+    """
 
     text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    input_ids: list[Any] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     return_logprob: bool | list[bool] = False
     logprob_start_len: int | list[int] | None = None
@@ -20,7 +25,6 @@ class GenerateReqInput:
     stream: bool = False
     rid: str | list[str] | None = None
     cache_salt: str | list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_batch(self) -> bool:

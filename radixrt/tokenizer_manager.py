@@ -22,7 +22,6 @@ from radixrt.detokenizer import IncrementalDecoder, find_stop
 from radixrt.io_struct import GenerateReqInput, SingleReq
 from radixrt.protocol import (
     AbortReq,
-    BatchTokenOut,
     ReqOut,
     StatsOut,
     TokenizedGenerateReq,
@@ -392,4 +391,4 @@ def _set_exception(fut: asyncio.Future[StatsOut], exc: Exception) -> None:
         fut.set_exception(exc)
 
 
-__all__ = ["TokenizerManager", "WorkerClient", "WorkerDeadError", "BatchTokenOut"]
+__all__ = ["TokenizerManager", "WorkerClient", "WorkerDeadError"]

@@ -11,7 +11,6 @@ import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import xgrammar as xgr
@@ -139,9 +138,3 @@ class GrammarBackend:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def describe(params: SamplingParams) -> dict[str, Any]:
-    """The constraint of a request in a loggable form."""
-    key = grammar_key(params)
-    return {} if key is None else {"kind": key[0], "size": len(key[1])}

@@ -11,7 +11,6 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
@@ -47,20 +46,10 @@ HEALTH_GENERATE_TIMEOUT_S = 30.0
 SGLANG_UNSUPPORTED_SAMPLING = ("stop_regex", "custom_params")
 
 
-class GenerateBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The JSON body of POST /generate (SGLang's ``GenerateReqInput``)."""
+class GenerateBody(GenerateReqInput, forbid_unknown_fields=True, kw_only=True):
+    """The JSON body of POST /generate: ``GenerateReqInput`` plus SGLang fields refused unless unset."""
 
-    text: str | list[str] | None = None
-    input_ids: list[Any] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    return_logprob: bool | list[bool] = False
-    logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-    rid: str | list[str] | None = None
-    cache_salt: str | list[str] | None = None
-    # accepted for compatibility with SGLang clients; only their "off" values are
+    # accepted for compatibility with SGLang clients, but only at their "off" values
     image_data: Any = None
     lora_path: Any = None
     custom_logit_processor: Any = None
@@ -86,18 +75,7 @@ class GenerateBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise APIError(
                 400, "text: the batch is empty", param="text" if self.text is not None else "input_ids"
             )
-        return GenerateReqInput(
-            text=self.text,
-            input_ids=self.input_ids,
-            sampling_params=self.sampling_params,
-            return_logprob=self.return_logprob,
-            logprob_start_len=self.logprob_start_len,
-            top_logprobs_num=self.top_logprobs_num,
-            return_text_in_logprobs=self.return_text_in_logprobs,
-            stream=self.stream,
-            rid=self.rid,
-            cache_salt=self.cache_salt,
-        )
+        return self
 
 
 def _drop_unset_extensions(params: dict[str, Any] | None) -> None:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from radixrt.protocol import AbortReq, BatchTokenOut, ReqOut, WorkerInput, WorkerOutput
+from radixrt.protocol import BatchTokenOut, ReqOut, WorkerInput, WorkerOutput
 from radixrt.server_args import ServerArgs
 from radixrt.worker.scheduler import Scheduler
 
@@ -106,6 +106,3 @@ class InProcessWorker:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self._alive = False
-
-
-__all__ = ["InProcessWorker", "AbortReq"]

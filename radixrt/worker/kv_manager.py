@@ -117,16 +117,6 @@ class KVManager:
         self.req_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
 
-    def release_unused(self, req: Req, num_tokens: int) -> None:
-        """Free slots allocated beyond kv_len that will not be used (admission rolled back)."""
-        if req.req_pool_idx is None or num_tokens <= 0:
-            return
-        ps = self.page_size
-        start = (req.kv_len + ps - 1) // ps * ps
-        end = req.kv_len + num_tokens
-        if end > start:
-            self.allocator.free(self.req_pool.req_to_token[req.req_pool_idx, start:end].clone())
-
     # -- accounting -----------------------------------------------------------------------------
     def owned_slots(self, req: Req) -> int:
         """Slots held by ``req`` outside the tree (its uncached pages)."""
@@ -150,7 +140,3 @@ class KVManager:
             assert not live, f"{len(live)} requests still live at idle"
             assert protected == 0, f"{protected} tokens still locked at idle"
             assert self.req_pool.available_size() == self.req_pool.size, "ReqToTokenPool rows leaked"
-
-
-def as_tensor(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)

@@ -100,15 +100,14 @@ class ModelRunner:
         num_pages = (seq + ps - 1) // ps
         kv_indptr = torch.zeros_like(qo_indptr)
         kv_indptr[1:] = torch.cumsum(num_pages, 0)
-        max_pages = (max_seq + ps - 1) // ps
-        page_table = self.req_to_token_pool.req_to_token[rows][:, : max_pages * ps : ps] // ps
-        page_ok = torch.arange(max_pages, device=dev)[None, :] < num_pages[:, None]
+        # One gather of the requests' slot rows serves every view below.
+        slot_table = self.req_to_token_pool.req_to_token[rows, :max_seq]
+        page_table = slot_table[:, ::ps] // ps
+        page_ok = torch.arange(page_table.shape[1], device=dev)[None, :] < num_pages[:, None]
         kv_indices = page_table[page_ok]
         last_page_len = seq - (num_pages - 1) * ps
-        loc_table = self.req_to_token_pool.req_to_token[rows, :max_seq]
-        q_pos = torch.arange(loc_table.shape[1], device=dev)[None, :]
-        loc_ok = (q_pos >= prefix[:, None]) & (q_pos < seq[:, None])
-        out_cache_loc = loc_table[loc_ok]
+        pos = torch.arange(max_seq, device=dev)[None, :]
+        out_cache_loc = slot_table[(pos >= prefix[:, None]) & (pos < seq[:, None])]
         return AttentionMetadata(
             mode=fi.mode,
             qo_indptr=qo_indptr,
@@ -121,6 +120,7 @@ class ModelRunner:
             out_cache_loc=out_cache_loc,
             max_extend_len=max(fi.extend_lens),
             max_seq_len=max_seq,
+            slot_table=slot_table,
         )
 
     @torch.inference_mode()

@@ -232,13 +232,11 @@ class Scheduler(OutputMixin):
             req, self.chunked = self.chunked, None
             take = min(len(req.fill_ids) - req.kv_len, budget)
             if not self.kv.alloc(req, take):
-                self._retract_for(req)
+                self._retract(req)
                 return []
             req.extend_len = take
             batch.append(req)
             budget -= take
-            if not req.prefill_done and req.kv_len + take < len(req.fill_ids):
-                return batch
         while self.jumped and budget > 0 and len(batch) < args.max_running_requests:
             req = self.jumped[0]
             take = len(req.fill_ids) - req.kv_len
@@ -250,6 +248,11 @@ class Scheduler(OutputMixin):
             budget -= take
         if not self.waiting or budget <= 0:
             return batch
+        if (
+            len(self.running) + len(batch) >= args.max_running_requests
+            or not self.kv.req_pool.available_size()
+        ):
+            return batch  # no room: skip ordering (lpm probes the tree for every waiting request)
         headroom = self.kv.available() - self._reserved_decode()
         for req in order_waiting(self.waiting, args.schedule_policy, self.tree):
             if len(self.running) + len(batch) >= args.max_running_requests or budget <= 0:
@@ -386,7 +389,9 @@ class Scheduler(OutputMixin):
             self._retract(victim)
 
     def _retract(self, req: Req) -> None:
-        self.running.remove(req)
+        """Free a running (or chunked) request's KV, keeping its computed prefix cached, and requeue it."""
+        if req in self.running:
+            self.running.remove(req)
         self.kv.release(req)
         req.retractions += 1
         req.reset_fill()
@@ -394,10 +399,3 @@ class Scheduler(OutputMixin):
         self.stats.retractions += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
         logger.debug("retracted %s after %d tokens", req.rid, len(req.output_ids))
-
-    def _retract_for(self, req: Req) -> None:
-        """A chunked request could not get slots: put it back to waiting."""
-        self.kv.release(req)
-        req.retractions += 1
-        req.reset_fill()
-        self.waiting.append(req)

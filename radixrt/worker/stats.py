@@ -35,10 +35,6 @@ class SchedulerStats:
         self.cached_tokens += req.cached_tokens
         self.generation_tokens += len(req.output_ids)
 
-    def reset(self) -> None:
-        for name in self.__slots__:  # type: ignore[attr-defined]
-            setattr(self, name, 0)
-
     def snapshot(self, sched: Scheduler) -> dict[str, float]:
         kv = sched.kv
         total = kv.allocator.total_slots
