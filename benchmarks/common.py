@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from radixrt.models.random_checkpoint import cache_dir, make_checkpoint
+from radixrt.testing.random_checkpoint import cache_dir, make_checkpoint
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -10,25 +10,16 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
-from pathlib import Path
 from typing import Any
 
 from radixrt.io_struct import GenerateReqInput
 from radixrt.models.config import ModelConfig
+from radixrt.models.resolve import resolve_model
 from radixrt.protocol import FlushCacheReq, GetStatsReq
 from radixrt.server_args import ServerArgs
 from radixrt.tokenizer import eos_token_ids, load_tokenizer
 from radixrt.tokenizer_manager import TokenizerManager, WorkerDeadError
 from radixrt.worker.inprocess import InProcessWorker
-
-
-def resolve_model_path(args: ServerArgs) -> str:
-    """The checkpoint directory to load: ``--model-path`` or the embedded demo model."""
-    if args.model_path:
-        return args.model_path
-    from radixrt.models.demo import default_model_path
-
-    return str(default_model_path())
 
 
 class Engine:
@@ -37,13 +28,14 @@ class Engine:
     def __init__(self, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(**kwargs)
         args = self.server_args
-        model_path = resolve_model_path(args)
+        resolved = resolve_model(args.model_path)
+        model_path = resolved.path
         self.model_path = model_path
         self.tokenizer = load_tokenizer(args.tokenizer_path or model_path)
         eos = eos_token_ids(self.tokenizer, model_path)
         self.worker = InProcessWorker(args, model_path, eos)
         cfg: ModelConfig = self.worker.scheduler.runner.config
-        name = args.served_model_name or Path(model_path).name
+        name = args.served_model_name or resolved.name
         self.tokenizer_manager = TokenizerManager(
             self.tokenizer,
             self.worker,

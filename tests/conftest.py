@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from radixrt.models.random_checkpoint import make_checkpoint
+from radixrt.testing.random_checkpoint import make_checkpoint
 from radixrt.tokenizer import load_tokenizer
 
 # Engine fixtures (engine_factory, ...) live in their own module; registering them here makes them global.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import frontend_lang as sgl
-from radixrt.models.random_checkpoint import make_checkpoint
+from radixrt.testing.random_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def fl_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture(scope="session")
 def fl_backend(fl_model: Path) -> Iterator[sgl.EngineBackend]:
     """One in-process Engine backend for the session (tests that count tokens flush it first)."""
-    backend = sgl.EngineBackend(model_path=str(fl_model), max_total_tokens=8192)
+    backend = sgl.EngineBackend(model_path=str(fl_model), max_total_tokens=8192, dtype="float32")
     backend.engine.worker.scheduler.check_invariant_each_step = True
     yield backend
     backend.engine.check_invariant()

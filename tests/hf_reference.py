@@ -11,21 +11,29 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 @functools.lru_cache(maxsize=8)
 def hf_model(path: str) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(Path(path), dtype=torch.float32)
+    """The fp32 HF model of a checkpoint directory, or of a ``.gguf`` file (transformers' own GGUF load)."""
+    p = Path(path)
+    if p.suffix == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
     return model.eval()
 
 
 @torch.inference_mode()
-def hf_greedy(path: str | Path, ids: list[int], max_new_tokens: int) -> list[int]:
-    """HF ``generate`` greedy, never stopping early."""
+def hf_greedy(
+    path: str | Path, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None
+) -> list[int]:
+    """HF ``generate`` greedy: never stopping early, or stopping after ``eos_token_id`` when given."""
     model = hf_model(str(path))
+    stop = {"eos_token_id": eos_token_id} if eos_token_id is not None else {"min_new_tokens": max_new_tokens}
     out = model.generate(
         torch.tensor([ids]),
         attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
         max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=0,
+        **stop,
     )
     return list(out[0, len(ids) :].tolist())
 

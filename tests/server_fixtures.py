@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from server_harness import ServerProcess
 
-from radixrt.models.random_checkpoint import make_checkpoint
+from radixrt.testing.random_checkpoint import make_checkpoint
 
 
 def _model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -34,6 +34,8 @@ class ServerProcess:
         self.log = log
         entry = ["-m", "radixrt.cli", "serve"] if cli else ["-m", "radixrt.launch_server"]
         cmd = [sys.executable, *entry, "--model-path", str(model), "--port", str(self.port), *extra]
+        if "--dtype" not in extra:
+            cmd += ["--dtype", "float32"]  # the HF-parity oracles are exact in fp32 (auto picks bf16 here)
         if api_key:
             cmd += ["--api-key", api_key]
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,8 +11,8 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from radixrt.models import demo, random_checkpoint
-from radixrt.models.random_checkpoint import make_checkpoint, qwen_tokenizer_dir
+from radixrt.testing import random_checkpoint
+from radixrt.testing.random_checkpoint import make_checkpoint, qwen_tokenizer_dir
 from radixrt.tokenizer import eos_token_ids, load_tokenizer
 
 ARCH_FIXTURES = ["tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3"]
@@ -178,39 +177,6 @@ def test_bpe_training_is_deterministic(monkeypatch: pytest.MonkeyPatch, tmp_path
     fresh = random_checkpoint.bpe_tokenizer_json()
     assert fresh.parent == tmp_path
     assert fresh.read_text() == cached
-
-
-def test_demo_model_built_once_and_reused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path))
-    path = demo.default_model_path()
-    assert path.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp left
-    stamp = {p.name: p.stat().st_mtime_ns for p in path.iterdir()}
-    assert demo.default_model_path() == path
-    assert {p.name: p.stat().st_mtime_ns for p in path.iterdir()} == stamp  # reused, not rebuilt
-    config = json.loads((path / "config.json").read_text())
-    assert config["model_type"] == "qwen2" and config["hidden_size"] == 256
-    tok = load_tokenizer(path)
-    assert config["vocab_size"] >= len(tok) > 150_000
-    assert "<|im_start|>assistant" in tok.apply_chat_template(
-        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
-    )
-
-
-def test_demo_model_lost_race_uses_winner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """If another process renames its copy into place first, ours is discarded and theirs returned."""
-    monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path))
-    final = tmp_path / demo.DEMO_VERSION
-
-    def racing_build(out_dir: Path, **kwargs: object) -> Path:
-        final.mkdir()
-        (final / "config.json").write_text('{"winner": true}')
-        (Path(out_dir) / "config.json").write_text('{"winner": false}')
-        return Path(out_dir)
-
-    monkeypatch.setattr(random_checkpoint, "make_checkpoint", racing_build)
-    assert demo.default_model_path() == final
-    assert json.loads((final / "config.json").read_text()) == {"winner": True}
-    assert os.listdir(tmp_path) == [final.name]
 
 
 def test_our_kernels_package_does_not_confuse_transformers(tiny_llama: Path) -> None:

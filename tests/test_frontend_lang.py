@@ -12,7 +12,7 @@ from frontend_util import FakeBackend
 
 import frontend_lang as sgl
 from frontend_lang.chat_template import NAMED_TEMPLATES, template_for_tokenizer
-from radixrt.models.random_checkpoint import CHATML_TEMPLATE, qwen_tokenizer_dir
+from radixrt.testing.random_checkpoint import CHATML_TEMPLATE, qwen_tokenizer_dir
 from radixrt.tokenizer import load_tokenizer
 
 pytest_plugins = ["frontend_fixtures"]

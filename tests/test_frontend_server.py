@@ -118,7 +118,9 @@ def test_openai_backend(server: ServerProcess, endpoint: sgl.RuntimeEndpoint) ->
 
 
 def test_runtime_launches_and_stops_a_server(server_model: Path, tmp_path: Path) -> None:
-    runtime = sgl.Runtime(model_path=str(server_model), max_total_tokens=2048, log_file=tmp_path / "rt.log")
+    runtime = sgl.Runtime(
+        model_path=str(server_model), max_total_tokens=2048, dtype="float32", log_file=tmp_path / "rt.log"
+    )
     try:
         sgl.set_default_backend(runtime)
         s = cont.run(stops=["\n"])

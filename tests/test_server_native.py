@@ -40,7 +40,7 @@ def test_generate_matches_in_process_engine(server: ServerProcess, server_model:
             c.post("/generate", json={"input_ids": p, "sampling_params": GREEDY}).json() for p in prompts
         ]
         batch = c.post("/generate", json={"input_ids": prompts, "sampling_params": GREEDY}).json()
-    with Engine(model_path=str(server_model), max_total_tokens=4096) as eng:
+    with Engine(model_path=str(server_model), max_total_tokens=4096, dtype="float32") as eng:
         ref = eng.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [r["output_ids"] for r in single] == [r["output_ids"] for r in ref]
     assert [r["output_ids"] for r in batch] == [r["output_ids"] for r in ref]

@@ -6,14 +6,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from radixrt import __version__
-from radixrt.engine import resolve_model_path
 from radixrt.http.metrics import ServerMetrics
+from radixrt.models.resolve import resolve_model
 from radixrt.protocol import GetStatsReq, StatsOut, WorkerReady
 from radixrt.server_args import ServerArgs
 from radixrt.tokenizer import eos_token_ids, load_tokenizer
@@ -43,12 +42,13 @@ class ServerContext:
     @classmethod
     def start(cls, args: ServerArgs) -> ServerContext:
         """Load the tokenizer, spawn the worker process and wait for its handshake."""
-        model_path = resolve_model_path(args)
+        resolved = resolve_model(args.model_path)
+        model_path = resolved.path
         tokenizer = load_tokenizer(args.tokenizer_path or model_path)
         client = ZmqWorkerClient.spawn(args, model_path, eos_token_ids(tokenizer, model_path))
         assert client.info is not None
         info = client.info
-        name = args.served_model_name or Path(model_path).name
+        name = args.served_model_name or resolved.name
         tm = TokenizerManager(tokenizer, client, info.context_len, info.vocab_size, name, args.random_seed)
         client.on_death = tm.fail_all
         metrics = ServerMetrics(name)

@@ -40,6 +40,17 @@ def parse_dtype(name: str) -> torch.dtype:
         raise ValueError(f"dtype: unsupported {name!r}; choose one of {sorted(set(_DTYPES))}") from None
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), as torch reports it."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def auto_dtype() -> torch.dtype:
+    """``--dtype auto`` on CPU: bf16 where the CPU has native bf16 (half the bytes per weight read, and
+    decode is bandwidth-bound), else float32 (emulated bf16 is slower than fp32)."""
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
 @dataclass(slots=True)
 class ModelConfig:
     """Architecture hyper-parameters of a Llama-family checkpoint."""
@@ -67,7 +78,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: str = "auto") -> ModelConfig:
-        """Read ``config.json`` of a checkpoint directory; ``dtype`` "auto" takes the checkpoint's."""
+        """Read ``config.json`` of a checkpoint directory; ``dtype`` "auto": see `auto_dtype`."""
         cfg_path = Path(path) / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"model_path: no config.json in {path}")
@@ -87,11 +98,7 @@ class ModelConfig:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         rope_theta, rope_scaling = _rope_settings(cfg)
-        if dtype == "auto":
-            dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
-            torch_dtype = parse_dtype(str(dtype_name).replace("torch.", ""))
-        else:
-            torch_dtype = parse_dtype(dtype)
+        torch_dtype = auto_dtype() if dtype == "auto" else parse_dtype(dtype)
         sliding = cfg.get("sliding_window")
         if family == "qwen2" and not cfg.get("use_sliding_window", False):
             sliding = None

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from radixrt.cache import cache_dir
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
@@ -69,12 +71,6 @@ CHATML_TEMPLATE = (
 
 # Qwen2's pre-tokenizer split: contractions, letter runs, single digits, punctuation runs, whitespace.
 _SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-
-
-def cache_dir() -> Path:
-    """Where radixrt caches generated artifacts: `$RADIXRT_CACHE_DIR`, else `~/.cache/radixrt`."""
-    env = os.environ.get("RADIXRT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "radixrt"
 
 
 # ---------------------------------------------------------------------------------------------- tokenizers

@@ -1,0 +1,1 @@
+"""Test and benchmark helpers (random-weight checkpoints); not used by serving code."""
