@@ -1,8 +1,8 @@
 """Shared by the examples: choose the backend from the command line and print cache statistics.
 
-Every example runs in one command on the embedded demo model (a random-weight model: its text is
-noise, the runtime and the cache numbers are real). ``--model-path DIR`` loads a real local checkpoint
-instead; ``--url http://host:port`` uses a running radixrt (or SGLang) server.
+Every example runs in one command on the embedded default model (SmolLM2-135M-Instruct, a real but small
+chat model: expect plausible, often wrong answers). ``--model-path`` loads another local checkpoint (an HF
+directory or a .gguf file) instead; ``--url http://host:port`` uses a running radixrt (or SGLang) server.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ def parse_args(
     description: str | None, extra: Callable[[argparse.ArgumentParser], None] | None = None
 ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model-path", default=None, help="a local HF checkpoint (default: the demo model)")
+    parser.add_argument(
+        "--model-path", default=None, help="an HF directory or .gguf file (default: the embedded model)"
+    )
     parser.add_argument("--url", default=None, help="use a running server instead of an in-process engine")
     parser.add_argument("--api-key", default=None)
     if extra is not None:

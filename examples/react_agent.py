@@ -51,11 +51,19 @@ QUESTIONS = [
 ]
 
 
+def _words(text: str) -> set[str]:
+    return {w.strip(".,;:!?()[]{}'\"") for w in text.lower().split()} - {"the", "a", "of", "in", "is", ""}
+
+
 def search(query: str) -> str:
-    """The toy tool: the entry sharing most words with the query."""
-    words = set(query.lower().replace("[", " ").replace("]", " ").split())
-    best = max(KNOWLEDGE, key=lambda k: len(words & set(k.split())))
-    if not words & set(best.split()):
+    """The toy tool: the entry whose name (counted twice) and sentence share most words with the query."""
+    words = _words(query)
+
+    def score(key: str) -> int:
+        return 2 * len(words & _words(key)) + len(words & _words(KNOWLEDGE[key]))
+
+    best = max(KNOWLEDGE, key=score)
+    if score(best) == 0:
         return f"Could not find {query.strip()!r}. Similar: {', '.join(sorted(KNOWLEDGE)[:3])}."
     return KNOWLEDGE[best]
 

@@ -76,3 +76,26 @@ def test_greedy_ids_and_end_of_turn_as_transformers(model_dir: Path, engine_fact
             assert out["meta_info"]["finish_reason"]["type"] == "length"
     assert ended >= 1
     assert "Paris" in outs[0]["text"]
+
+
+@needs_model
+def test_classify_example_on_the_real_model() -> None:
+    """The demo's structured example: a real model labels clear-cut reviews right (random weights would not)."""
+    import sys
+
+    import frontend_lang as sgl
+
+    examples = str(Path(__file__).resolve().parent.parent / "examples")
+    sys.path.insert(0, examples)
+    try:
+        import classify
+    finally:
+        sys.path.remove(examples)
+    backend = sgl.EngineBackend(max_total_tokens=8192, dtype="float32")
+    try:
+        states = classify.classify.run_batch([{"review": r} for r in classify.REVIEWS], backend=backend)
+    finally:
+        backend.shutdown()
+    got = [st.ret_value["sentiment"] for st in states]
+    assert got == ["negative", "positive", "negative", "positive", "negative", "positive"]
+    assert all(st.ret_value["rating"] in "12345" and len(st.ret_value["rating"]) == 1 for st in states)

@@ -72,6 +72,20 @@ def test_chat_select_runs_end_to_end(fl_model: Path) -> None:
     assert saved > 50, out.stdout[-300:]
 
 
-@pytest.mark.parametrize("name", ["react_agent", "rag_pipeline", "tree_of_thought", "chat_select"])
+def test_classify(fl_backend: sgl.EngineBackend) -> None:
+    mod = example("classify")
+    states = mod.classify.run_batch(
+        [{"review": r} for r in mod.REVIEWS[:2]], backend=fl_backend, temperature=0
+    )
+    for st in states:
+        assert st.error() is None, st.error()
+        r = st.ret_value
+        assert r["sentiment"] in mod.SENTIMENTS and r["topic"] in mod.TOPICS and r["rating"] in "12345"
+        assert st.text().endswith(f"Rating: {r['rating']}<|im_end|>\n")
+
+
+@pytest.mark.parametrize(
+    "name", ["react_agent", "rag_pipeline", "tree_of_thought", "chat_select", "classify"]
+)
 def test_examples_have_a_main(name: str) -> None:
     assert callable(example(name).main)

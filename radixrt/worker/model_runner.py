@@ -13,7 +13,7 @@ from kernels.base import AttentionMetadata, ForwardMode, get_backend_class
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.kv_pool import KVPool
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
-from radixrt.models.config import ModelConfig
+from radixrt.models.config import ModelConfig, cpu_has_native_bf16
 from radixrt.models.loader import load_model
 from radixrt.server_args import ServerArgs
 
@@ -47,6 +47,9 @@ class ModelRunner:
         self.device = torch.device(args.device)
         self.config = ModelConfig.from_dir(model_path, dtype=args.dtype)
         cfg = self.config
+        if args.dtype == "auto":
+            native = "has" if cpu_has_native_bf16() else "lacks"
+            logger.info("dtype auto -> %s (this CPU %s native bf16)", str(cfg.dtype).removeprefix("torch."), native)
         self.context_len = min(
             args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
