@@ -236,7 +236,6 @@ def convert(path: Path, out_dir: Path, progress: bool = True) -> None:
 def converted_dir(path: str | Path, progress: bool = True) -> Path:
     """The cached HF directory of a GGUF file, converting it on first use (safe under concurrency)."""
     src = Path(path)
-    check_supported(src)
     final = cache_dir() / "gguf" / f"{src.stem}-{_source_key(src)}"
     return build_dir_once(final, SOURCE_FILE, lambda tmp: convert(src, tmp, progress))
 
