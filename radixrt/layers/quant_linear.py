@@ -1,0 +1,364 @@
+"""Weight-only quantized linear modules on PyTorch's CPU kernels.
+
+Every module computes ``y = x @ W.T (+ bias)`` for ``x`` of shape ``[..., in]`` and returns the
+activation dtype; ``reference_weight()`` returns the float32 ``[out, in]`` weight that the kernel
+effectively multiplies by (the dequantized weight), so a plain fp32 matmul against it is an oracle.
+
+Kernels and their measured semantics (torch 2.13 CPU build):
+
+* ``torch._weight_int8pack_mm(x [T, K], w int8 [N, K], scales [N])`` computes
+  ``x @ (w * scales[:, None]).T`` with fp32 accumulation, output rounded once to ``x.dtype``.
+  ``scales`` must have exactly ``x.dtype``; ``x`` must be 2-D and contiguous.
+* ``torch._convert_weight_to_int4pack_for_cpu(q int32 [N, K] in 0..15, inner_k_tiles)`` packs to
+  uint8 ``[N, K/2]`` in a CPU-capability dependent layout (AVX512 / AVX2 / NEON differ, so the packed
+  tensor is not portable between machines); ``N`` must be a multiple of 16; ``inner_k_tiles`` is unused.
+* ``torch._weight_int4pack_mm_for_cpu(x [T, K], packed, group, scales_and_zeros [K/group, N, 2])``
+  dequantizes ``w = fma(q - 8, scale, zero)`` in fp32 per group of ``group`` consecutive input
+  columns (``group`` in {32, 64, 128, 256}), accumulates in fp32 and rounds once to ``x.dtype``;
+  ``scales_and_zeros`` must have exactly ``x.dtype``.
+
+Only the bfloat16 paths are vectorised on x86: fp32 (and fp16) activations run a scalar reference
+loop that is 10-70x slower than bf16 (see ``compute_dtype``). The bf16 int8 kernel also reads out of
+bounds (segfaults) when ``K % 16 != 0``, so :class:`Int8Linear` pads ``K`` in that case.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Activation dtypes the CPU kernels accept (bf16 is the only vectorised one on x86).
+KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+#: Group sizes ``_weight_int4pack_mm_for_cpu`` accepts.
+INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128, 256)
+_INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu requires N % 16 == 0
+_INT8_K_MULTIPLE = 16  # the bf16 int8 kernel has no K tail handling
+
+
+def _check_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in KERNEL_DTYPES:
+        raise ValueError(f"unsupported activation/compute dtype {dtype}; supported: {list(KERNEL_DTYPES)}")
+    return dtype
+
+
+def _fma_fp32(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """``fma(q, scale, zero)`` rounded once to float32, as the int4 kernel computes it."""
+    return (q.double() * scale.double() + zero.double()).float()
+
+
+def _to_bf16_grid(t: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest bfloat16 value but keep float32 (bf16 values are exact in fp32 and fp16-safe)."""
+    return t.to(torch.bfloat16).float()
+
+
+class QuantLinearBase(nn.Module):
+    """Common state of the quantized linears: shapes, optional bias and the compute dtype.
+
+    ``compute_dtype`` None means "compute in the activation dtype". Setting it (e.g. bf16 under an fp32
+    model) casts ``x`` to it for the kernel and the result back to ``x.dtype``. Scale buffers are stored
+    in ``compute_dtype`` (float32 when None); a differently typed call uses a cached cast of them.
+    """
+
+    bias: torch.Tensor | None
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.compute_dtype = None if compute_dtype is None else _check_dtype(compute_dtype)
+        self.storage_dtype = compute_dtype or torch.float32
+        if bias is not None:
+            if bias.shape != (out_features,):
+                raise ValueError(f"bias shape {tuple(bias.shape)} != ({out_features},)")
+            self.register_buffer("bias", bias.detach().to(self.storage_dtype).clone())
+        else:
+            self.bias = None
+        self._casts: dict[tuple[str, torch.dtype], tuple[int, int, torch.Tensor]] = {}
+
+    def _as(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``t`` in ``dtype``; casts are cached and invalidated when the source tensor changes."""
+        if t.dtype == dtype:
+            return t
+        key = (name, dtype)
+        hit = self._casts.get(key)
+        if hit is not None and hit[0] == t.data_ptr() and hit[1] == t._version:
+            return hit[2]
+        cast = t.to(dtype).contiguous()
+        self._casts[key] = (t.data_ptr(), t._version, cast)
+        return cast
+
+    def _default_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        return _check_dtype(dtype or self.compute_dtype or self.storage_dtype)
+
+    def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in]`` -> ``[..., out]`` in ``x.dtype``."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected last dim {self.in_features}, got input shape {tuple(x.shape)}")
+        cdt = self.compute_dtype or x.dtype
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != cdt:
+            x2 = x2.to(_check_dtype(cdt))
+        y = self._matmul(x2.contiguous(), cdt)
+        if self.bias is not None:
+            y = y + self._as("bias", self.bias, cdt)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def reference_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The float32 ``[out, in]`` weight the kernel multiplies by when computing in ``dtype``.
+
+        ``dtype`` defaults to ``compute_dtype`` (or the storage dtype): scales are cast to the activation
+        dtype for the kernel, so GGUF-derived fp16 scales are only exact for fp32 computation.
+        """
+        raise NotImplementedError
+
+    def reference_bias(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The bias as added when computing in ``dtype`` (float32), or None."""
+        if self.bias is None:
+            return None
+        return self.bias.to(self._default_dtype(dtype)).float()
+
+    def extra_repr(self) -> str:
+        cdt = "activation" if self.compute_dtype is None else str(self.compute_dtype)
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, compute_dtype={cdt}"
+        )
+
+
+class DenseLinear(QuantLinearBase):
+    """An unquantized weight (``F.linear``), for GGUF F32/F16/BF16 tensors.
+
+    The weight is stored in ``compute_dtype`` (float32 when None) and cast (cached) for other dtypes.
+    """
+
+    weight: torch.Tensor
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None
+    ) -> None:
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
+        super().__init__(weight.shape[1], weight.shape[0], bias, compute_dtype)
+        self.register_buffer("weight", weight.detach().to(self.storage_dtype).contiguous().clone())
+
+    def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return F.linear(x2, self._as("weight", self.weight, dtype))
+
+    def reference_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """See :meth:`QuantLinearBase.reference_weight`."""
+        return self.weight.to(self._default_dtype(dtype)).float()
+
+
+class Int8Linear(QuantLinearBase):
+    """Int8 weight-only linear: ``W = qweight * scales[:, None]`` (symmetric, per output channel).
+
+    Runs ``torch._weight_int8pack_mm``. ``qweight`` is int8 ``[out, in]``, ``scales`` ``[out]``.
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
+        if qweight.dtype != torch.int8 or qweight.dim() != 2:
+            raise ValueError(f"qweight must be int8 [out, in], got {qweight.dtype} {tuple(qweight.shape)}")
+        out_f, in_f = qweight.shape
+        if scales.shape != (out_f,):
+            raise ValueError(f"scales shape {tuple(scales.shape)} != ({out_f},)")
+        super().__init__(in_f, out_f, bias, compute_dtype)
+        self.k_pad = (-in_f) % _INT8_K_MULTIPLE
+        qw = F.pad(qweight, (0, self.k_pad)) if self.k_pad else qweight
+        self.register_buffer("qweight", qw.detach().contiguous().clone())
+        self.register_buffer("scales", scales.detach().to(self.storage_dtype).contiguous().clone())
+
+    @classmethod
+    def from_float(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None
+    ) -> Int8Linear:
+        """Symmetric per-output-channel int8: ``scale = absmax / 127`` rounded to bf16, ``q = round(w / scale)``.
+
+        Scales lie on the bf16 grid, so the effective weight is identical for fp32 and bf16 activations.
+        """
+        qweight, scales = quantize_int8_per_channel(weight)
+        return cls(qweight, scales, bias, compute_dtype)
+
+    def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.k_pad:
+            x2 = F.pad(x2, (0, self.k_pad))
+        return torch._weight_int8pack_mm(x2, self.qweight, self._as("scales", self.scales, dtype))
+
+    def reference_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """See :meth:`QuantLinearBase.reference_weight`."""
+        s = self.scales.to(self._default_dtype(dtype)).float()
+        return self.qweight[:, : self.in_features].float() * s[:, None]
+
+
+class Int4Linear(QuantLinearBase):
+    """Group-wise asymmetric 4-bit linear on ``torch._weight_int4pack_mm_for_cpu``, as a sum of planes.
+
+    Plane ``p`` holds codes ``q_p`` in 0..15 with one scale and zero per ``group_size`` input columns:
+    ``W = sum_p fma(q_p - 8, scale_p, zero_p)``. One plane is ordinary int4; two planes (high and low
+    nibble of an up-to-8-bit code) represent GGUF's 5- and 8-bit block formats exactly.
+
+    Args:
+        codes: uint8/int ``[P, out, in]`` (or ``[out, in]`` for one plane), values in 0..15.
+        scales, zeros: ``[P, out, in / group_size]`` (or ``[out, in / group_size]``).
+        group_size: one of :data:`INT4_GROUP_SIZES`; ``in`` must be a multiple of it.
+    """
+
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
+
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor,
+        group_size: int,
+        bias: torch.Tensor | None = None,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
+        if codes.dim() == 2:
+            codes, scales, zeros = codes[None], scales[None], zeros[None]
+        if codes.dim() != 3:
+            raise ValueError(f"codes must be [P, out, in] or [out, in], got shape {tuple(codes.shape)}")
+        n_planes, out_f, in_f = codes.shape
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"unsupported int4 group size {group_size}; supported: {list(INT4_GROUP_SIZES)}")
+        if in_f % group_size:
+            raise ValueError(f"in_features {in_f} is not a multiple of the int4 group size {group_size}")
+        n_groups = in_f // group_size
+        if scales.shape != (n_planes, out_f, n_groups) or zeros.shape != scales.shape:
+            raise ValueError(
+                f"scales/zeros shapes {tuple(scales.shape)}/{tuple(zeros.shape)} != {(n_planes, out_f, n_groups)}"
+            )
+        super().__init__(in_f, out_f, bias, compute_dtype)
+        self.group_size = group_size
+        self.n_planes = n_planes
+        n_pad = (-out_f) % _INT4_N_MULTIPLE
+        self.padded_out = out_f + n_pad
+        # Padding rows: code 8, scale 0, zero 0 -> zero weight; the output is sliced back to out_f.
+        codes_i32 = F.pad(codes.to(torch.int32), (0, 0, 0, n_pad), value=8)
+        packed = torch.stack(
+            [torch._convert_weight_to_int4pack_for_cpu(c.contiguous(), 2) for c in codes_i32]
+        )
+        sz = torch.stack(
+            [F.pad(scales.float(), (0, 0, 0, n_pad)), F.pad(zeros.float(), (0, 0, 0, n_pad))], -1
+        )
+        self.register_buffer("packed", packed)  # [P, N_pad, in / 2] uint8, CPU-layout specific
+        # [P, in / group, N_pad, 2] as the kernel wants it
+        self.register_buffer("scales_and_zeros", sz.transpose(1, 2).to(self.storage_dtype).contiguous())
+
+    @classmethod
+    def from_float(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        group_size: int = 32,
+        compute_dtype: torch.dtype | None = None,
+    ) -> Int4Linear:
+        """Asymmetric 4-bit per group of ``group_size`` inputs (min/max range, scale and zero on the bf16 grid)."""
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"unsupported int4 group size {group_size}; supported: {list(INT4_GROUP_SIZES)}")
+        codes, scales, zeros = quantize_int4_groupwise(weight, group_size)
+        return cls(codes, scales, zeros, group_size, bias, compute_dtype)
+
+    def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        sz = self._as("scales_and_zeros", self.scales_and_zeros, dtype)
+        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed[0], self.group_size, sz[0])
+        for p in range(1, self.n_planes):
+            y = y + torch._weight_int4pack_mm_for_cpu(x2, self.packed[p], self.group_size, sz[p])
+        if self.padded_out != self.out_features:
+            y = y[:, : self.out_features].contiguous()
+        return y
+
+    def codes(self) -> torch.Tensor:
+        """The uint8 codes ``[P, out, in]``, read back through the kernel (the packed layout is CPU-specific).
+
+        Multiplies the identity by each plane with scale 1 and zero 8, so the output is exactly ``q``.
+        """
+        k, n = self.in_features, self.padded_out
+        unit = torch.stack(
+            [torch.ones(k // self.group_size, n), torch.full((k // self.group_size, n), 8.0)], -1
+        ).to(torch.bfloat16)
+        planes = []
+        for p in range(self.n_planes):
+            cols = []
+            for start in range(0, k, 512):
+                eye = torch.eye(k, dtype=torch.bfloat16)[start : start + 512]
+                cols.append(torch._weight_int4pack_mm_for_cpu(eye, self.packed[p], self.group_size, unit))
+            planes.append(torch.cat(cols).T[: self.out_features].to(torch.uint8))
+        return torch.stack(planes)
+
+    def reference_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """See :meth:`QuantLinearBase.reference_weight`."""
+        sz = self.scales_and_zeros.to(self._default_dtype(dtype)).float()[:, :, : self.out_features]
+        codes = self.codes().float() - 8.0
+        w = torch.zeros(self.out_features, self.in_features, dtype=torch.float64)
+        for p in range(self.n_planes):
+            s = sz[p, :, :, 0].T.repeat_interleave(self.group_size, 1)
+            z = sz[p, :, :, 1].T.repeat_interleave(self.group_size, 1)
+            w += _fma_fp32(codes[p], s, z).double()
+        return w.float()
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, group_size={self.group_size}, planes={self.n_planes}"
+
+
+def _check_float_weight(weight: torch.Tensor) -> torch.Tensor:
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"expected a floating [out, in] weight, got {weight.dtype} {tuple(weight.shape)}")
+    return weight.detach().float()
+
+
+def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8 quantization: ``(q int8 [out, in], scales float32 [out])``.
+
+    ``scale = absmax / 127`` rounded to the nearest bf16 value (1 for all-zero rows);
+    ``q = clamp(round(w / scale), -127, 127)``.
+    """
+    w = _check_float_weight(weight)
+    absmax = w.abs().amax(dim=1)
+    scales = _to_bf16_grid(torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax)))
+    q = torch.clamp(torch.round(w / scales[:, None]), -127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4_groupwise(
+    weight: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit per group: ``(codes uint8 [out, in], scales [out, G], zeros [out, G])``, G = in/group.
+
+    Dequantizes as ``(q - 8) * scale + zero``: ``scale = (max - min) / 15`` and ``zero = min + 8 * scale``,
+    both rounded to bf16 before the codes ``q = clamp(round((w - zero) / scale) + 8, 0, 15)`` are chosen.
+    """
+    w = _check_float_weight(weight)
+    out_f, in_f = w.shape
+    if in_f % group_size:
+        raise ValueError(f"in_features {in_f} is not a multiple of the int4 group size {group_size}")
+    g = w.reshape(out_f, in_f // group_size, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scales = _to_bf16_grid((hi - lo) / 15.0)
+    zeros = _to_bf16_grid(torch.where(scales > 0, lo + 8.0 * scales, lo))
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round((g - zeros[..., None]) / safe[..., None]) + 8.0
+    q = torch.where(scales[..., None] > 0, q, torch.full_like(q, 8.0))
+    codes = torch.clamp(q, 0, 15).to(torch.uint8).reshape(out_f, in_f)
+    return codes, scales, zeros
