@@ -9,6 +9,8 @@ from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 EVICTION_POLICIES = ("lru", "lfu")
+# NOTE: radixrt.layers.QUANTIZATION_CHOICES, spelled here so that parsing flags does not import torch.
+QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
 
 
 @dataclass(slots=True)
@@ -39,6 +41,13 @@ class ServerArgs:
     disable_jump_forward: bool = False
     json_whitespace: bool = False
     grammar_compile_timeout: float = 30.0
+    quantization: str | None = None
+    disable_compile: bool = False
+    compile_max_bs: int = 16
+    # Speculative decoding (SGLang's names): n-gram / prompt-lookup drafts, no draft model.
+    speculative_algorithm: str | None = None  # "NGRAM" or None (off)
+    speculative_num_draft_tokens: int = 4  # max draft tokens per request per step
+    speculative_ngram_max_match_window_size: int = 3  # match the last n..1 tokens, longest first
 
     def __post_init__(self) -> None:
         self.validate()
@@ -61,8 +70,23 @@ class ServerArgs:
             )
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens: {self.max_total_tokens} is too small")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization: {self.quantization!r} not in {QUANTIZATION_CHOICES}")
+        if self.compile_max_bs < 1:
+            raise ValueError(f"compile_max_bs: must be >= 1, got {self.compile_max_bs}")
         if not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
+        if self.speculative_algorithm not in (None, "NGRAM"):
+            raise ValueError(f"speculative_algorithm: {self.speculative_algorithm!r} not in (None, 'NGRAM')")
+        if self.speculative_num_draft_tokens < 1:
+            raise ValueError(
+                f"speculative_num_draft_tokens: must be >= 1, got {self.speculative_num_draft_tokens}"
+            )
+        if self.speculative_ngram_max_match_window_size < 1:
+            raise ValueError(
+                "speculative_ngram_max_match_window_size: must be >= 1, "
+                f"got {self.speculative_ngram_max_match_window_size}"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -90,6 +114,8 @@ class ServerArgs:
                 choices = SCHEDULE_POLICIES
             elif f.name == "radix_eviction_policy":
                 choices = EVICTION_POLICIES
+            elif f.name == "quantization":
+                choices = QUANTIZATION_CHOICES
             parser.add_argument(flag, type=kind, default=default, choices=choices)
 
     @classmethod

@@ -20,6 +20,7 @@ def prompts_of(lengths: list[int], seed: int = 0, vocab: int = 8000) -> list[lis
 def make_engine(path: Path, **kw: Any) -> Engine:
     kw.setdefault("max_total_tokens", 4096)
     kw.setdefault("dtype", "float32")  # the HF-parity oracles are exact in fp32 (auto picks bf16 here)
+    kw.setdefault("disable_compile", True)  # eager is the reference; tests/test_compile.py covers compile
     eng = Engine(model_path=str(path), **kw)
     eng.worker.scheduler.check_invariant_each_step = True
     return eng

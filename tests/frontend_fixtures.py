@@ -26,7 +26,9 @@ def fl_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture(scope="session")
 def fl_backend(fl_model: Path) -> Iterator[sgl.EngineBackend]:
     """One in-process Engine backend for the session (tests that count tokens flush it first)."""
-    backend = sgl.EngineBackend(model_path=str(fl_model), max_total_tokens=8192, dtype="float32")
+    backend = sgl.EngineBackend(
+        model_path=str(fl_model), max_total_tokens=8192, dtype="float32", compile_max_bs=2
+    )
     backend.engine.worker.scheduler.check_invariant_each_step = True
     yield backend
     backend.engine.check_invariant()

@@ -36,6 +36,8 @@ class ServerProcess:
         cmd = [sys.executable, *entry, "--model-path", str(model), "--port", str(self.port), *extra]
         if "--dtype" not in extra:
             cmd += ["--dtype", "float32"]  # the HF-parity oracles are exact in fp32 (auto picks bf16 here)
+        if "--disable-compile" not in extra and "--compile-max-bs" not in extra:
+            cmd += ["--compile-max-bs", "2"]  # compiled decode for batches of 1-2, eager above: both paths
         if api_key:
             cmd += ["--api-key", api_key]
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

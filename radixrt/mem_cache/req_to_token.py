@@ -6,12 +6,17 @@ import torch
 
 
 class ReqToTokenPool:
-    """A ``[size, max_context_len]`` int64 table; a running request owns one row."""
+    """A ``[size + 1, max_context_len]`` int64 table; a running request owns one of the first ``size`` rows.
+
+    The extra last row (``padding_row``) is never handed out and stays all zeros: rows that pad a batch to
+    a compiled batch size point at it, so they read and write only the reserved padding slot 0.
+    """
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
         self.size = size
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
+        self.padding_row = size
+        self.req_to_token = torch.zeros(size + 1, max_context_len, dtype=torch.int64, device=device)
         self._free_rows: list[int] = list(range(size - 1, -1, -1))
 
     def available_size(self) -> int:

@@ -14,8 +14,11 @@ from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.kv_pool import KVPool
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
 from radixrt.models.config import ModelConfig, cpu_has_native_bf16
+from radixrt.models.gguf import gguf_source
 from radixrt.models.loader import load_model
+from radixrt.models.quantize import apply_quantization, resolve_quantization
 from radixrt.server_args import ServerArgs
+from radixrt.worker.graph_runner import DecodeGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +52,17 @@ class ModelRunner:
         cfg = self.config
         if args.dtype == "auto":
             native = "has" if cpu_has_native_bf16() else "lacks"
-            logger.info("dtype auto -> %s (this CPU %s native bf16)", str(cfg.dtype).removeprefix("torch."), native)
+            logger.info(
+                "dtype auto -> %s (this CPU %s native bf16)", str(cfg.dtype).removeprefix("torch."), native
+            )
         self.context_len = min(
             args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
         torch.manual_seed(args.random_seed)
         self.model = load_model(model_path, cfg, self.device)
+        gguf_file = gguf_source(model_path)
+        self.quantization = resolve_quantization(args.quantization, gguf_file)
+        apply_quantization(self.model, self.quantization, Path(model_path), gguf_file)
         per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
         if args.max_total_tokens is not None:
             num_slots = args.max_total_tokens
@@ -79,11 +87,16 @@ class ModelRunner:
             cfg.head_dim**-0.5,
             cfg.sliding_window,
         )
+        self.graph_runner: DecodeGraphRunner | None = None
+        if not args.disable_compile:
+            self.graph_runner = DecodeGraphRunner(self.model, self.backend, args.compile_max_bs)
+            self.graph_runner.warmup(self._run_padding_batch)
         logger.info(
-            "model %s (%s, %s): KV pool %d tokens, %.1f MiB, page_size %d",
+            "model %s (%s, %s, quantization %s): KV pool %d tokens, %.1f MiB, page_size %d",
             model_path,
             cfg.architecture,
             str(cfg.dtype).removeprefix("torch."),
+            self.quantization,
             self.allocator.total_slots,
             self.kv_pool.size_bytes / 2**20,
             ps,
@@ -128,11 +141,43 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, fi: ForwardInput) -> torch.Tensor:
-        """Run the model; returns final hidden states ``[T, hidden]`` of every new token."""
+        """Run the model; returns final hidden states ``[T, hidden]`` of every new token.
+
+        A decode batch that fits a compiled bucket is padded to it and runs the compiled step; everything
+        else (extend, larger batches, ``--disable-compile``) runs eagerly.
+        """
+        gr = self.graph_runner
+        bs = len(fi.rows)
+        bucket = gr.bucket(bs) if gr is not None and fi.mode == ForwardMode.DECODE else None
+        if gr is not None and bucket is not None:
+            fi = self._pad_decode(fi, bucket)
+            md = self.build_metadata(fi)
+            self.backend.init_forward_metadata(md)
+            ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
+            return gr.forward(ids, fi.positions.to(self.device), md)[:bs]
         md = self.build_metadata(fi)
         self.backend.init_forward_metadata(md)
         ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
         return self.model(ids, fi.positions.to(self.device), self.backend, md)
+
+    def _pad_decode(self, fi: ForwardInput, bucket: int) -> ForwardInput:
+        """``fi`` with rows appended up to ``bucket``: token 0 at position 0 on the all-zero padding row."""
+        pad = bucket - len(fi.rows)
+        if pad == 0:
+            return fi
+        return ForwardInput(
+            fi.mode,
+            fi.rows + [self.req_to_token_pool.padding_row] * pad,
+            fi.prefix_lens + [0] * pad,
+            fi.extend_lens + [1] * pad,
+            fi.input_ids + [0] * pad,
+            torch.cat([fi.positions, torch.zeros(pad, dtype=fi.positions.dtype)]),
+        )
+
+    def _run_padding_batch(self, bs: int) -> None:
+        """A decode forward of ``bs`` padding rows (compiles that bucket; touches only slot 0)."""
+        fi = ForwardInput(ForwardMode.DECODE, [], [], [], [], torch.zeros(0, dtype=torch.int64))
+        self.forward(self._pad_decode(fi, bs))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,93 @@
+"""``--quantization``: turn a loaded model's linears into weight-only quantized ones (`radixrt.layers`).
+
+``int8`` / ``int4`` quantize the loaded float weights; ``gguf`` builds every linear from the blocks of the
+GGUF file the checkpoint was converted from (`radixrt.models.gguf.read_weights`), so the model runs the
+file's own quantized weights (exactly: see `radixrt.layers.gguf_linear`). Unset: ``gguf`` for a GGUF
+checkpoint (as vLLM does), else ``none``. The embedding stays float; a tied LM head is a linear like the
+others (for GGUF it uses ``token_embd``'s blocks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from radixrt.layers import QUANTIZATION_CHOICES, quantize_model_linears
+from radixrt.models.llama import LlamaForCausalLM
+
+
+def resolve_quantization(method: str | None, gguf_file: Path | None) -> str:
+    """The method to apply: ``method`` validated, or the default for this checkpoint."""
+    if method is None:
+        return "gguf" if gguf_file is not None else "none"
+    if method not in QUANTIZATION_CHOICES:
+        raise ValueError(
+            f"quantization: {method!r} is not supported; supported: {', '.join(QUANTIZATION_CHOICES)}"
+        )
+    if method == "gguf" and gguf_file is None:
+        raise ValueError("quantization: 'gguf' needs a GGUF checkpoint (--model-path FILE.gguf)")
+    return method
+
+
+def apply_quantization(model: LlamaForCausalLM, method: str, model_dir: Path, gguf_file: Path | None) -> None:
+    """Replace the model's linears in place according to ``method`` (see the module docstring).
+
+    Scales are stored in the model's dtype, so the kernels never cast them at run time (bf16: the fast
+    vectorized kernels; float32: exact, but torch's fp32 weight-only kernels are scalar and slow)."""
+    if method == "none":
+        return
+    if method in ("int8", "int4"):
+        quantize_model_linears(model, method, compute_dtype=model.config.dtype)
+        return
+    assert gguf_file is not None
+    _load_gguf_linears(model, model_dir, gguf_file)
+
+
+class ConcatLinear(nn.Module):
+    """Several linears over the same input whose outputs are concatenated (fused q/k/v of mixed types)."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path) -> None:
+    from radixrt.layers.gguf_linear import gguf_linear
+    from radixrt.models.gguf import GGUFWeight, read_weights
+
+    config = json.loads((model_dir / "config.json").read_text())
+    weights = read_weights(gguf_file, config)
+    dtype = model.config.dtype
+
+    def linear(names: list[str], bias: list[str] | None = None) -> nn.Module:
+        ws = [weights[n] for n in names]
+        b = torch.cat([weights[n].dequantize() for n in bias]).to(dtype) if bias else None
+        if len({w.ggml_type for w in ws}) > 1:  # blocks of different types cannot share one layout
+            parts = [gguf_linear(w.data, w.ggml_type, _shape(w), compute_dtype=dtype) for w in ws]
+            out: nn.Module = ConcatLinear(parts)
+            if b is not None:
+                raise ValueError(f"GGUF {gguf_file.name}: mixed-type fused projection with bias: {names}")
+            return out
+        rows = torch.cat([torch.from_numpy(w.data.copy()) for w in ws]).numpy()
+        shape = (sum(_shape(w)[0] for w in ws), _shape(ws[0])[1])
+        return gguf_linear(rows, ws[0].ggml_type, shape, bias=b, compute_dtype=dtype)
+
+    def _shape(w: GGUFWeight) -> tuple[int, int]:
+        return int(w.shape[0]), int(w.shape[1])
+
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        qkv = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+        bias = [p + f"self_attn.{x}_proj.bias" for x in "qkv"] if model.config.attention_bias else None
+        layer.self_attn.qkv_proj = linear(qkv, bias)  # type: ignore[assignment]
+        layer.self_attn.o_proj = linear([p + "self_attn.o_proj.weight"])  # type: ignore[assignment]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            setattr(layer.mlp, name, linear([p + f"mlp.{name}.weight"]))
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    model.lm_head = linear([head])  # type: ignore[assignment]

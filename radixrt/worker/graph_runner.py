@@ -1,0 +1,146 @@
+"""The decode step compiled per batch-size bucket: torch.compile (inductor) on CPU, the analog of
+SGLang's CUDA-graph runner (a GPU build captures the same buckets as CUDA graphs).
+
+A decode batch of ``bs`` requests is padded to the smallest bucket >= bs (buckets 1, 2, 4, 8, ... up to
+``--compile-max-bs``); padding rows compute token 0 at position 0 and read and write only the reserved
+padding slot 0. Each decoder layer runs one compiled graph (*regional* compilation: all layers share the
+code, so a bucket compiles once, not once per layer), in which inductor fuses what eager runs as separate
+ops (RMSNorm, rotary, SiLU-mul, residual adds) around the linears. Attention is one opaque custom op
+(``radixrt::decode_attention``): it calls the attention backend with the forward's metadata, so the
+graph's shapes depend on the bucket only, never on the context lengths. Compiled artifacts are cached on
+disk (inductor's FX-graph cache under the radixrt cache dir), so a restart does not pay again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from kernels.base import AttentionBackend, AttentionMetadata
+from radixrt.cache import cache_dir
+from radixrt.models.llama import DecoderLayer, LlamaForCausalLM
+from radixrt.models.rope import RotaryEmbedding
+
+logger = logging.getLogger(__name__)
+
+
+def compile_buckets(max_bs: int) -> list[int]:
+    """Powers of two below ``max_bs``, then ``max_bs`` itself: ``8 -> [1, 2, 4, 8]``, ``12 -> [1, 2, 4, 8, 12]``."""
+    if max_bs < 1:
+        raise ValueError(f"compile_max_bs: must be >= 1, got {max_bs}")
+    buckets, b = [], 1
+    while b < max_bs:
+        buckets.append(b)
+        b *= 2
+    return [*buckets, max_bs]
+
+
+@dataclass
+class _Forward:
+    """The forward in flight: its backend and metadata, and the next layer's index."""
+
+    backend: AttentionBackend | None = None
+    md: AttentionMetadata | None = None
+    layer: int = 0
+    layers: list[int] = field(default_factory=list)
+
+
+_CURRENT = _Forward()
+
+
+@torch.library.custom_op("radixrt::decode_attention", mutates_args=())
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of the current forward's next layer (stores k/v in the KV pool, then attends)."""
+    # NOTE: the layer index is a counter, not an argument: an int argument would be a constant of the
+    # traced graph and force one graph per layer. Layers run in order (each op consumes the previous
+    # layer's output), and `DecodeGraphRunner.forward` checks that every layer ran exactly once.
+    fw = _CURRENT
+    assert fw.backend is not None and fw.md is not None, "decode_attention outside a compiled forward"
+    layer = fw.layer
+    fw.layer += 1
+    return fw.backend.forward(q, k, v, layer, fw.md)
+
+
+@decode_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+class _OpaqueAttention:
+    """Stands in for the attention backend inside the compiled layer."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: object
+    ) -> torch.Tensor:
+        return decode_attention(q, k, v)
+
+
+_OPAQUE = _OpaqueAttention()
+
+
+def _layer_step(
+    layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
+) -> torch.Tensor:
+    return layer(x, positions, rope, _OPAQUE, None)  # type: ignore[arg-type]
+
+
+def _raise_recompile_limit() -> None:
+    """One graph per (bucket, model shape) lives on the shared layer code: leave room for several models
+    in one process (tests, benchmarks) instead of dynamo's default of 8. NOTE: dynamo's config is per
+    thread, so this runs on the thread that calls the compiled code (the scheduler's)."""
+    if torch._dynamo.config.recompile_limit < 64:
+        torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 512
+        )
+
+
+class DecodeGraphRunner:
+    """Runs decode forwards of up to ``max_bs`` requests through per-bucket compiled layers."""
+
+    def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, max_bs: int) -> None:
+        self.model = model
+        self.backend = backend
+        self.buckets = compile_buckets(max_bs)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+        self._layer = torch.compile(_layer_step, dynamic=False, fullgraph=True)
+
+    @property
+    def max_bs(self) -> int:
+        return self.buckets[-1]
+
+    def bucket(self, bs: int) -> int | None:
+        """The padded batch size for ``bs`` requests, or None when the batch is too large to compile."""
+        return next((b for b in self.buckets if b >= bs), None)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """Final hidden states ``[bucket, hidden]`` of a padded decode batch (metadata already planned)."""
+        _raise_recompile_limit()
+        fw = _CURRENT
+        fw.backend, fw.md, fw.layer = self.backend, md, 0
+        try:
+            x = self.model.embed_tokens(ids)
+            for layer in self.model.layers:
+                x = self._layer(layer, x, positions, self.model.rope)
+            if fw.layer != len(self.model.layers):
+                raise RuntimeError(
+                    f"compiled decode ran attention {fw.layer} times for {len(self.model.layers)} layers"
+                )
+            return self.model.norm(x)
+        finally:
+            fw.backend, fw.md = None, None
+
+    def warmup(self, run_padding_batch: object) -> float:
+        """Compile every bucket by running a batch of padding rows through it; returns the seconds spent."""
+        assert callable(run_padding_batch)
+        t0 = time.perf_counter()
+        for bs in tqdm(self.buckets, desc="compiling decode buckets", unit="bucket"):
+            run_padding_batch(bs)
+        elapsed = time.perf_counter() - t0
+        logger.info("compiled decode for batch sizes %s in %.1f s", self.buckets, elapsed)
+        return elapsed
