@@ -10,6 +10,7 @@ others (for GGUF it uses ``token_embd``'s blocks).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -49,7 +50,7 @@ def apply_quantization(model: LlamaForCausalLM, method: str, model_dir: Path, gg
 class ConcatLinear(nn.Module):
     """Several linears over the same input whose outputs are concatenated (fused q/k/v of mixed types)."""
 
-    def __init__(self, parts: list[nn.Module]) -> None:
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
 
@@ -85,9 +86,10 @@ def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path
         p = f"model.layers.{i}."
         qkv = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
         bias = [p + f"self_attn.{x}_proj.bias" for x in "qkv"] if model.config.attention_bias else None
-        layer.self_attn.qkv_proj = linear(qkv, bias)  # type: ignore[assignment]
-        layer.self_attn.o_proj = linear([p + "self_attn.o_proj.weight"])  # type: ignore[assignment]
+        attn, mlp = layer.get_submodule("self_attn"), layer.get_submodule("mlp")
+        setattr(attn, "qkv_proj", linear(qkv, bias))  # noqa: B010 (nn.Module attribute types are Linear)
+        setattr(attn, "o_proj", linear([p + "self_attn.o_proj.weight"]))  # noqa: B010
         for name in ("gate_proj", "up_proj", "down_proj"):
-            setattr(layer.mlp, name, linear([p + f"mlp.{name}.weight"]))
+            setattr(mlp, name, linear([p + f"mlp.{name}.weight"]))
     head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
     model.lm_head = linear([head])  # type: ignore[assignment]

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.cache import cache_dir
-from radixrt.models.llama import DecoderLayer, LlamaForCausalLM
+from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ _OPAQUE = _OpaqueAttention()
 
 
 def _layer_step(
-    layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
+    layer: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
 ) -> torch.Tensor:
     return layer(x, positions, rope, _OPAQUE, None)  # type: ignore[arg-type]
 
