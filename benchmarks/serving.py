@@ -47,7 +47,7 @@ from benchmarks.serving_workload import (
     report,
     summarize,
 )
-from radixrt.worker.zmq_worker import compute_threads
+from radixrt.worker.threads import compute_threads
 
 # -- one request per backend: yields (output tokens so far, cached tokens, prompt tokens) per chunk --
 Stream = Callable[[Request], AsyncIterator[tuple[int, int, int]]]
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads",
         type=int,
-        default=compute_threads(),
+        default=compute_threads(reserve_one=True),
         help="torch threads of the model (server worker and Engine alike; default: cores - 1)",
     )
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "serving.json")

@@ -11,6 +11,7 @@ from typing import Any
 from radixrt.protocol import BatchTokenOut, ReqOut, WorkerInput, WorkerOutput
 from radixrt.server_args import ServerArgs
 from radixrt.worker.scheduler import Scheduler
+from radixrt.worker.threads import set_worker_threads
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class InProcessWorker:
 
     def _run(self) -> None:
         try:
+            set_worker_threads(reserve_one=False)
             self.scheduler = Scheduler(*self._build, self._send)
         except BaseException as exc:  # noqa: BLE001 - re-raised by __init__ in the caller's thread
             self._build_error = exc

@@ -31,6 +31,7 @@ from radixrt.protocol import (
     WorkerStartupFailed,
 )
 from radixrt.server_args import ServerArgs
+from radixrt.worker.threads import set_worker_threads
 
 logger = logging.getLogger("radixrt.worker")
 
@@ -175,19 +176,6 @@ class WorkerProcess:
         self.ctx.term()
 
 
-def compute_threads() -> int:
-    """Intra-op threads for the model: ``OMP_NUM_THREADS`` if set, else all cores but one.
-
-    NOTE: the HTTP process needs a core of its own; an OpenMP team as large as the machine then gets
-    descheduled mid-barrier and decode slows down several-fold (measured: 2 cores, 5x).
-    """
-    env = os.environ.get("OMP_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the worker process."""
     argv = sys.argv[1:] if argv is None else argv
@@ -195,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     level = str(cfg.server_args.get("log_level", "info")).upper()
     logging.basicConfig(level=level, format="%(asctime)s [worker] %(levelname)s %(name)s: %(message)s")
     if cfg.server_args.get("device", "cpu") == "cpu":
-        import torch
-
-        torch.set_num_threads(compute_threads())
-        logger.info("torch intra-op threads: %d", torch.get_num_threads())
+        logger.info("torch intra-op threads: %d", set_worker_threads(reserve_one=True))
     worker = WorkerProcess(cfg)
     # NOTE: Ctrl-C reaches the whole process group; the HTTP process decides when this one stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
