@@ -48,7 +48,14 @@ PROMPTS = [
     "How many legs does a spider have?",
     "Describe the water cycle briefly.",
 ]
-MODES: dict[str, dict[str, Any]] = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}}
+MODES: dict[str, dict[str, Any]] = {
+    "fp32": {"dtype": "float32", "quantization": "none"},  # the reference
+    "bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "int8 (bf16)": {"dtype": "bfloat16", "quantization": "int8"},
+    "int4 (bf16)": {"dtype": "bfloat16", "quantization": "int4"},
+    "gguf Q4_1 blocks (bf16)": {"dtype": "bfloat16", "quantization": "gguf"},
+    "gguf Q4_1 blocks (fp32)": {"dtype": "float32", "quantization": "gguf"},
+}
 
 
 def react_texts(path: Path, n: int) -> list[str]:
@@ -136,13 +143,14 @@ def main() -> None:
     p.add_argument("--model-path", default=None, help="HF directory or .gguf (default: the embedded model)")
     p.add_argument("--data", type=Path, default=DATA, help="ReAct traces (jsonl) for the perplexity text")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
+    p.add_argument("--skip-startup", action="store_true", help="skip the first-use conversion timing")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--ppl-texts", type=int, default=16)
     p.add_argument("--ppl-tokens", type=int, default=512)
     p.add_argument("--hf", action="store_true", help="also HF transformers bf16 vs fp32 (the same measure)")
     p.add_argument("--readme", action="store_true", help="update benchmarks/README.md")
     ns = p.parse_args()
-    startup = first_use(ns.model_path)
+    startup = None if ns.skip_startup else first_use(ns.model_path)
     texts = react_texts(ns.data, ns.ppl_texts)
     results: dict[str, Any] = {}
     ref: list[list[int]] | None = None
@@ -177,6 +185,10 @@ def main() -> None:
     data = {"machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0") or 0)), "startup": startup,
             "model_path": ns.model_path or "embedded", "prompts": len(PROMPTS), "new_tokens": ns.new_tokens,
             "ppl_texts": len(texts), "ppl_tokens": ns.ppl_tokens, "modes": results}  # fmt: skip
+    s = (
+        startup or json.loads((RESULTS_DIR / "model_quality.json").read_text())["startup"]
+    )  # kept from the last run
+    data["startup"] = s
     write_json(RESULTS_DIR / "model_quality.json", data)
     base = results[next(iter(results))]["perplexity"]
     rows = [[m, f"{r['agreement']:.3f}", f"{r['identical']}/{len(PROMPTS)}",
@@ -184,7 +196,6 @@ def main() -> None:
              f"{r['perplexity'] / base - 1:+.2%}" if "perplexity" in r else ""]
             for m, r in results.items()]  # fmt: skip
     table = format_table(["mode", "greedy agreement", "identical", "perplexity", "vs fp32"], rows)
-    s = startup
     note = (
         f"First use (fresh cache dir, new process): GGUF -> HF conversion {s['cold']['resolve_s']:.1f} s, "
         f"cache {s['cache_mb']:.0f} MB; then Engine load {s['cold']['engine_load_s']:.1f} s. Later starts: "

@@ -1,0 +1,206 @@
+"""CPU speed, side by side in one run: radixrt's modes vs llama.cpp on the same GGUF file vs HF transformers.
+
+``python -m benchmarks.cpu_speed [--readme] [--threads 2]`` (llama.cpp through llama-cpp-python, a
+benchmark-only dependency: see benchmarks/README.md). On the embedded SmolLM2-135M-Instruct (Q4_1 GGUF)
+and on the ~88M random Llama written as a Q4_1 GGUF file:
+
+- decode tok/s at batch 1, 8, 16, 32 after a 128-token prompt, per system;
+- decode tok/s at context 512 / 2k / 8k, batch 1 and 8, for the fastest radixrt mode and llama.cpp;
+- prefill tok/s at 512 and 2048 tokens (time to first token = 512 / that rate);
+- radixrt Engine vs its own bare compiled forward loop at batch 16;
+- a PNG of tok/s vs batch size, one line per system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.common import (
+    RESULTS_DIR,
+    bench_checkpoint,
+    format_table,
+    machine_info,
+    update_readme_section,
+    write_json,
+)
+from benchmarks.cpu_systems import HFSystem, LlamaCppSystem, RadixSystem, System
+from radixrt.cache import cache_dir
+
+RADIX_MODES: dict[str, dict[str, Any]] = {
+    "radixrt bf16 eager": {"dtype": "bfloat16", "quantization": "none", "disable_compile": True},
+    "radixrt bf16": {"dtype": "bfloat16", "quantization": "none"},
+    "radixrt int8": {"dtype": "bfloat16", "quantization": "int8"},
+    "radixrt int4": {"dtype": "bfloat16", "quantization": "int4"},
+    "radixrt gguf": {"dtype": "bfloat16", "quantization": "gguf"},
+}
+BEST = "radixrt gguf"  # the file's own Q4_1 blocks: what llama.cpp runs too
+BATCHES = (1, 8, 16, 32)
+LONG_B8_MAX = 2048
+
+
+def gguf_of_88m() -> tuple[Path, Path]:
+    """The ~88M random Llama checkpoint and its Q4_1 GGUF file (written once, cached)."""
+    from radixrt.testing.gguf_writer import write_gguf
+
+    ckpt = bench_checkpoint("88m", context=8448)
+    out = cache_dir() / "bench" / "llama-88m-q4_1.gguf"
+    if not out.is_file():
+        tmp = out.with_suffix(".tmp.gguf")
+        write_gguf(ckpt, tmp, "Q4_1")
+        tmp.replace(out)
+    return ckpt, out
+
+
+def measure(
+    sys_: System, batches: tuple[int, ...], new_tokens: int, prefill: tuple[int, ...]
+) -> dict[str, Any]:
+    res: dict[str, Any] = {"decode": {}, "prefill": {}}
+    for b in batches:
+        res["decode"][str(b)] = sys_.decode_tok_s(b, 128, new_tokens)
+    for n in prefill:
+        res["prefill"][str(n)] = sys_.prefill_tok_s(n)
+    return res
+
+
+def long_context(
+    sys_: System, contexts: tuple[int, ...], batches: tuple[int, ...], new_tokens: int
+) -> dict[str, float]:
+    """Batch 8 stops at 2k of context unless asked (8 x 8k prompts cost minutes of prefill per run)."""
+    return {f"b{b}-ctx{c}": sys_.decode_tok_s(b, c, new_tokens) for b in batches for c in contexts
+            if b == 1 or c <= LONG_B8_MAX}  # fmt: skip
+
+
+def run_model(
+    label: str, model_path: str | None, gguf_file: Path, hf_dir: Path, ns: argparse.Namespace
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"systems": {}, "long": {}, "startup_s": {}}
+    prefill = (512, 2048)
+    modes = RADIX_MODES if label == "smollm2-135m" else {k: RADIX_MODES[k] for k in ("radixrt bf16", BEST)}
+    for name, kw in tqdm(modes.items(), desc=f"{label}: radixrt modes"):
+        rs = RadixSystem(name, model_path, **kw)
+        out["startup_s"][name] = rs.startup_s
+        out["systems"][name] = measure(rs, BATCHES, ns.new_tokens, prefill)
+        if name == BEST:
+            out["bare_loop_b16"] = rs.bare_loop_tok_s(16, 128, 20)
+            if label == "smollm2-135m":
+                out["long"][name] = long_context(rs, ns.contexts, (1, 8), ns.new_tokens)
+        rs.close()
+    lc = LlamaCppSystem(gguf_file, ns.threads)
+    out["systems"]["llama.cpp"] = measure(lc, (1,), ns.new_tokens, prefill)
+    if label == "smollm2-135m":
+        out["long"]["llama.cpp"] = long_context(lc, ns.contexts, (1,), ns.new_tokens)
+    lc.close()
+    if not ns.skip_hf:
+        for name, dtype, batches in (("HF bf16", torch.bfloat16, (1, 8)), ("HF fp32", torch.float32, (1,))):
+            hf = HFSystem(name, hf_dir, gguf_file if label == "smollm2-135m" else None, dtype)
+            out["systems"][name] = measure(hf, batches, min(ns.new_tokens, 16), (512,))
+            hf.close()
+    return out
+
+
+def fmt(x: float | None) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.0f}"
+
+
+def tables(results: dict[str, Any]) -> str:
+    parts = []
+    for label, r in results.items():
+        rows = []
+        for name, s in r["systems"].items():
+            rows.append([name] + [fmt(s["decode"].get(str(b))) for b in BATCHES]
+                        + [fmt(s["prefill"].get("512")), fmt(s["prefill"].get("2048"))])  # fmt: skip
+        head = ["system"] + [f"decode b{b}" for b in BATCHES] + ["prefill 512", "prefill 2048"]
+        parts.append(f"**{label}** (tok/s)\n\n" + format_table(head, rows))
+        if r["long"]:
+            keys = sorted(
+                {k for v in r["long"].values() for k in v},
+                key=lambda k: (int(k.split("-")[0][1:]), int(k.split("ctx")[1])),
+            )
+            rows = [[n] + [fmt(v.get(k)) for k in keys] for n, v in r["long"].items()]
+            parts.append("decode tok/s by batch and context\n\n" + format_table(["system", *keys], rows))
+    return "\n\n".join(parts)
+
+
+def targets(results: dict[str, Any]) -> str:
+    r = results["smollm2-135m"]
+    s, lc = r["systems"], r["systems"]["llama.cpp"]
+    best = s[BEST]
+    lines = [
+        f"- batch-1 decode vs llama.cpp: {best['decode']['1'] / lc['decode']['1']:.2f}x (target >= 1.0)",
+        f"- batch-16 aggregate decode vs llama.cpp single stream: {best['decode']['16'] / lc['decode']['1']:.2f}x (target >= 4)",
+        f"- prefill 512 vs llama.cpp: {best['prefill']['512'] / lc['prefill']['512']:.2f}x (target >= 1.5)",
+        f"- Engine vs its bare compiled forward loop, batch 16: {best['decode']['16'] / r['bare_loop_b16']:.2f}x (target >= 0.9)",
+        f"- compiled vs eager (bf16, batch 1): {s['radixrt bf16']['decode']['1'] / s['radixrt bf16 eager']['decode']['1']:.2f}x",
+    ]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2))
+    for ax, (label, r) in zip(axes if len(results) > 1 else [axes], results.items(), strict=True):
+        for name, s in r["systems"].items():
+            pts = [(int(b), v) for b, v in s["decode"].items() if not math.isnan(v)]
+            if len(pts) == 1:
+                ax.axhline(pts[0][1], ls="--", lw=1, label=f"{name} (one sequence)")
+            else:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+        ax.set(
+            xscale="log", yscale="log", xlabel="batch size", ylabel="decode tok/s (aggregate)", title=label
+        )
+        ax.set_xticks(list(BATCHES), [str(b) for b in BATCHES])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument(
+        "--contexts", type=lambda s: tuple(int(x) for x in s.split(",")), default=(512, 2048, 8000)
+    )
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--models", default="smollm2-135m,88m")
+    p.add_argument("--readme", action="store_true")
+    p.add_argument("--long-b8-max", type=int, default=LONG_B8_MAX, help="longest context measured at batch 8")
+    ns = p.parse_args()
+    globals()["LONG_B8_MAX"] = ns.long_b8_max
+    torch.set_num_threads(ns.threads)
+    import os
+
+    os.environ["OMP_NUM_THREADS"] = str(ns.threads)  # radixrt's worker threads (radixrt/worker/threads.py)
+    from radixrt.models.embedded import embedded_gguf_path
+    from radixrt.models.resolve import resolve_model
+
+    results: dict[str, Any] = {}
+    for label in ns.models.split(","):
+        if label == "smollm2-135m":
+            g = embedded_gguf_path()
+            results[label] = run_model(label, None, g, Path(resolve_model(None).path), ns)
+        else:
+            ckpt, g = gguf_of_88m()
+            results[label] = run_model(label, str(g), g, ckpt, ns)
+    data = {"machine": machine_info(ns.threads), "new_tokens": ns.new_tokens, "results": results}
+    write_json(RESULTS_DIR / "cpu_speed.json", data)
+    plot(results, RESULTS_DIR / "cpu_speed.png")
+    text = tables(results) + ("\n\n" + targets(results) if "smollm2-135m" in results else "")
+    print(text)
+    if ns.readme:
+        update_readme_section("cpu_speed", text + "\n\n![decode tok/s vs batch](results/cpu_speed.png)")
+
+
+if __name__ == "__main__":
+    main()
