@@ -342,6 +342,8 @@ class Scheduler(OutputMixin):
         self._emit(batch)
 
     def _run_decode(self) -> None:
+        if self.args.speculative_algorithm is not None and self._run_speculative():
+            return
         self._ensure_decode_memory()
         reqs = list(self.running)
         if not reqs:
@@ -369,6 +371,15 @@ class Scheduler(OutputMixin):
             self._finish(finished)
         self._emit(reqs)
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
+
+    def _run_speculative(self) -> bool:
+        """One speculative step (draft, verify in one forward) instead of a decode; False: decode plainly."""
+        from radixrt.speculative import build_speculator
+
+        spec = getattr(self, "_spec", None)
+        if spec is None:
+            spec = self._spec = build_speculator(self.args)
+        return spec.step(self)
 
     def _ensure_decode_memory(self) -> None:
         """Make room for one more token per running request, retracting the least advanced if needed."""

@@ -25,6 +25,12 @@ class SchedulerStats:
     jump_forward_tokens: int = 0
     grammar_mask_seconds: float = 0.0
     grammar_masked_rows: int = 0
+    # Speculative decoding: verify forwards, drafted (request, step) pairs, draft tokens proposed and
+    # draft tokens that ended up in the output (the bonus token of each verify is not counted).
+    spec_verify_steps: int = 0
+    spec_verify_reqs: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def on_arrival(self, req: Req) -> None:
         self.num_requests += 1
@@ -50,6 +56,15 @@ class SchedulerStats:
             "jump_forward_tokens": self.jump_forward_tokens,
             "grammar_mask_seconds": self.grammar_mask_seconds,
             "grammar_masked_rows": self.grammar_masked_rows,
+            "spec_verify_steps": self.spec_verify_steps,
+            "spec_verify_reqs": self.spec_verify_reqs,
+            "spec_draft_tokens": self.spec_draft_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
+            # tokens emitted per drafted request per verify forward (accepted drafts + 1), SGLang's
+            # "accept length"; 0 before any verify
+            "spec_accept_length": (
+                1 + self.spec_accepted_tokens / self.spec_verify_reqs if self.spec_verify_reqs else 0.0
+            ),
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "num_running_reqs": len(sched.running) + (1 if sched.chunked else 0),
             "num_queue_reqs": len(sched.waiting),

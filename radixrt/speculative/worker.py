@@ -1,0 +1,172 @@
+"""One speculative decode step: draft per request, verify the whole batch in one extend forward.
+
+``NgramSpeculator.step`` replaces a plain decode step when at least one running request has a draft:
+
+1. Draft: per request, n-gram lookup over its prompt + output ids (``ngram.NgramIndex``), capped so
+   that it can never overrun max_new_tokens or the context length.
+2. KV: slots for ``1 + d`` new tokens (its last sampled token plus the draft) per request. When the
+   pool cannot hold them, the step falls back to plain decode (which retracts if it must).
+3. Forward: one EXTEND batch; each request computes its new tokens causally over its cached prefix,
+   through the ordinary attention backend, with logits at every new position.
+4. Accept (``verify``); append tokens one by one through the scheduler's finish check, so stop
+   tokens, EOS, max_new_tokens and the context length end a request exactly where plain decoding
+   would; then free the slots of rejected positions. Rejected tokens are never in ``output_ids``
+   and lie beyond ``kv_len``, so they never reach the RadixCache.
+
+Requests with a grammar or with logprobs requested are never drafted (draft length 0): in a
+speculative step they take one token through the scheduler's own ``_sample_and_append``, exactly as
+in plain decoding. Penalties and min_new_tokens are applied per verify row (see ``verify``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.base import ForwardMode
+from radixrt.server_args import ServerArgs
+from radixrt.speculative.ngram import NgramIndex
+from radixrt.speculative.verify import verify, verify_info
+from radixrt.worker.kv_manager import KVManager
+from radixrt.worker.model_runner import ForwardInput
+from radixrt.worker.req import Req
+from radixrt.worker.scheduler import NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN
+
+if TYPE_CHECKING:
+    from radixrt.worker.scheduler import Scheduler
+
+
+def can_draft(req: Req) -> bool:
+    """Requests whose tokens need per-token handling the verifier does not do are not drafted."""
+    return req.grammar is None and not req.return_logprob
+
+
+def free_rejected(kv: KVManager, req: Req, computed_end: int) -> None:
+    """Free the pages that only held rejected positions ``[kv_len, computed_end)`` of ``req``.
+
+    NOTE: slots of rejected positions inside the request's last kept page stay with the request (it
+    owns whole pages); the next write at those positions reuses them.
+    """
+    ps = kv.page_size
+    keep = -(-req.kv_len // ps) * ps
+    if computed_end > keep and req.req_pool_idx is not None:
+        row = kv.req_pool.req_to_token[req.req_pool_idx]
+        kv.allocator.free(row[keep:computed_end].clone())
+
+
+class NgramSpeculator:
+    """Prompt-lookup speculative decoding (``--speculative-algorithm NGRAM``) for the scheduler."""
+
+    def __init__(self, args: ServerArgs) -> None:
+        self.num_draft_tokens = args.speculative_num_draft_tokens
+        self.max_n = args.speculative_ngram_max_match_window_size
+        self._index: dict[str, tuple[Req, NgramIndex]] = {}  # rid -> (that Req, its index)
+
+    def draft(self, req: Req, context_len: int) -> list[int]:
+        """Draft tokens for ``req`` (possibly none); at most as many as it may still emit minus one."""
+        room = min(
+            self.num_draft_tokens,
+            req.params.max_new_tokens - len(req.output_ids) - 1,
+            context_len - req.seq_len - 1,
+        )
+        if room <= 0 or not can_draft(req):
+            return []
+        return self.propose(req, room)[:room]
+
+    def propose(self, req: Req, max_len: int) -> list[int]:
+        """The n-gram proposal of up to ``max_len`` tokens (the drafter; tests substitute oracles)."""
+        entry = self._index.get(req.rid)
+        if entry is None or entry[0] is not req:
+            entry = (req, NgramIndex(self.max_n))
+            self._index[req.rid] = entry
+        return entry[1].propose(req.origin_input_ids + req.output_ids, max_len)
+
+    def _prune(self, live: list[Req]) -> None:
+        """Forget indexes of requests no longer running (a retracted one is re-indexed on return)."""
+        if len(self._index) > len(live):
+            ids = {id(r) for r in live}
+            self._index = {rid: e for rid, e in self._index.items() if id(e[0]) in ids}
+
+    def step(self, sched: Scheduler) -> bool:
+        """Run one speculative decode step over ``sched.running``; False (nothing done) when no
+        request has a draft or the drafts do not fit in KV memory: the caller then decodes plainly."""
+        reqs = list(sched.running)
+        drafts = [self.draft(r, sched.runner.context_len) for r in reqs]
+        self._prune(reqs)
+        if not any(drafts):
+            return False
+        kv = sched.kv
+        if sum(kv.pages_needed(r, 1 + len(d)) for r, d in zip(reqs, drafts, strict=True)) > kv.available():
+            return False
+        for r, d in zip(reqs, drafts, strict=True):
+            ok = kv.alloc(r, 1 + len(d))
+            assert ok, "speculative slot allocation failed after the capacity check"
+        logits = self._forward(sched, reqs, drafts)
+        starts: list[int] = []
+        offset = 0
+        for d in drafts:
+            starts.append(offset)
+            offset += 1 + len(d)
+        plain = [i for i, d in enumerate(drafts) if not d]
+        if plain:
+            preqs = [reqs[i] for i in plain]
+            for r in preqs:
+                r.kv_len += 1
+            sched._sample_and_append(preqs, logits[[starts[i] for i in plain]])
+        drafted = [i for i, d in enumerate(drafts) if d]
+        dreqs, ddrafts = [reqs[i] for i in drafted], [drafts[i] for i in drafted]
+        rows = torch.cat([torch.arange(starts[i], starts[i] + 1 + len(drafts[i])) for i in drafted])
+        info = verify_info(dreqs, ddrafts, sched.eos_ids, sched.vocab_size)
+        stats = sched.stats
+        for r, d, toks in zip(dreqs, ddrafts, verify(logits[rows], info, ddrafts), strict=True):
+            computed_end = r.kv_len + 1 + len(d)
+            emitted = 0
+            for tok in toks:
+                r.output_ids.append(tok)
+                r.pending_out.append(tok)
+                emitted += 1
+                sched._check_finished(r, tok)
+                if r.finish_reason is not None:
+                    break
+            # KV is valid for the previous last token and every accepted draft token before the
+            # newest one, which (as in plain decoding) has no KV yet.
+            r.kv_len += emitted
+            free_rejected(kv, r, computed_end)
+            stats.spec_verify_reqs += 1
+            stats.spec_draft_tokens += len(d)
+            stats.spec_accepted_tokens += emitted - 1
+        stats.spec_verify_steps += 1
+        self._settle(sched, reqs)
+        return True
+
+    @staticmethod
+    def _forward(sched: Scheduler, reqs: list[Req], drafts: list[list[int]]) -> torch.Tensor:
+        """One EXTEND forward of ``[last token] + draft`` per request; logits ``[sum(1 + d), V]``."""
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        for r, d in zip(reqs, drafts, strict=True):
+            ids.append(r.output_ids[-1])
+            ids.extend(d)
+            positions.append(torch.arange(r.kv_len, r.kv_len + 1 + len(d)))
+        fi = ForwardInput(
+            ForwardMode.EXTEND,
+            [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
+            [r.kv_len for r in reqs],
+            [1 + len(d) for d in drafts],
+            ids,
+            torch.cat(positions),
+        )
+        return sched.runner.logits(sched.runner.forward(fi))
+
+    @staticmethod
+    def _settle(sched: Scheduler, reqs: list[Req]) -> None:
+        """Finish, move and report the step's requests: the tail of ``Scheduler._run_decode``."""
+        finished = [r for r in reqs if r.finish_reason is not None]
+        jumped = [r for r in reqs if r.jumped and r.finish_reason is None]
+        if finished or jumped:
+            sched.running = [r for r in sched.running if r.finish_reason is None and not r.jumped]
+            sched.jumped.extend(jumped)
+            sched._finish(finished)
+        sched._emit(reqs)
+        sched.new_token_ratio = max(sched.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
