@@ -1,20 +1,48 @@
-"""The CPU reference attention backend: one batched SDPA call per layer over gathered K/V.
+"""The CPU attention backend: one batched SDPA call per layer over gathered K/V (the reference), and for
+decode a C kernel that reads the paged KV pool in place (`kernels.cpu_decode`).
 
-Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and builds a boolean mask (causal over prefix + new tokens, sequence length, optional sliding window); per
-layer it gathers K/V through that table and runs ``scaled_dot_product_attention`` with GQA.
-No Python loop over tokens or requests in the per-layer path.
+Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and builds a boolean mask
+(causal over prefix + new tokens, sequence length, optional sliding window); per layer it gathers K/V
+through that table and runs ``scaled_dot_product_attention`` with GQA. Decode steps (one new token per
+request) call the C kernel instead when it could be built here (gcc); when it cannot, the backend logs why
+once and decodes through the reference path. No Python loop over tokens or requests in the per-layer path.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
-from kernels.base import AttentionBackend, AttentionMetadata
+from kernels import cpu_decode
+from kernels.base import AttentionBackend, AttentionMetadata, KVStore
+
+logger = logging.getLogger(__name__)
 
 
 class TorchNativeBackend(AttentionBackend):
-    """Reference backend; every other backend is tested against it."""
+    """Reference backend; every other backend is tested against it. ``use_decode_kernel`` False forces the
+    reference path for decode too."""
+
+    def __init__(
+        self,
+        kv: KVStore,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        use_decode_kernel: bool = True,
+    ) -> None:
+        super().__init__(kv, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+        self.use_decode_kernel = use_decode_kernel and cpu_decode.available()
+        if use_decode_kernel and not self.use_decode_kernel:
+            logger.warning(
+                "the C decode-attention kernel is unavailable (%s): decode gathers K/V per layer instead "
+                "(several times slower at long contexts)",
+                cpu_decode.unavailable_reason(),
+            )
 
     _slot_table: torch.Tensor
     _q_index: torch.Tensor
@@ -48,6 +76,10 @@ class TorchNativeBackend(AttentionBackend):
     ) -> torch.Tensor:
         self.kv.set_kv(layer_id, md.out_cache_loc, k, v)
         k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
+        if self.use_decode_kernel and md.max_extend_len == 1 and q.shape[0] == md.batch_size:
+            return cpu_decode.paged_decode_attention(
+                q, k_buf, v_buf, md.slot_table, md.seq_lens, self.scale, self.sliding_window
+            )
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)
         if md.max_extend_len == 1:
