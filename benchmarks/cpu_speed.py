@@ -81,7 +81,8 @@ def run_model(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"systems": {}, "long": {}, "startup_s": {}}
     prefill = (512, 2048)
-    modes = RADIX_MODES if label == "smollm2-135m" else {k: RADIX_MODES[k] for k in ("radixrt bf16", BEST)}
+    names = ns.modes.split(",") if label == "smollm2-135m" else ["radixrt bf16", BEST]
+    modes = {k: RADIX_MODES[k] for k in names}
     for name, kw in tqdm(modes.items(), desc=f"{label}: radixrt modes"):
         rs = RadixSystem(name, model_path, **kw)
         out["startup_s"][name] = rs.startup_s
@@ -168,13 +169,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads")
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument(
         "--contexts", type=lambda s: tuple(int(x) for x in s.split(",")), default=(512, 2048, 8000)
     )
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--models", default="smollm2-135m,88m")
     p.add_argument("--readme", action="store_true")
+    p.add_argument("--tag", default="", help="suffix of the result files and README section (e.g. _1thread)")
+    p.add_argument("--modes", default=",".join(RADIX_MODES), help="radixrt modes for the embedded model")
     p.add_argument("--long-b8-max", type=int, default=LONG_B8_MAX, help="longest context measured at batch 8")
     ns = p.parse_args()
     globals()["LONG_B8_MAX"] = ns.long_b8_max
@@ -194,12 +197,15 @@ def main() -> None:
             ckpt, g = gguf_of_88m()
             results[label] = run_model(label, str(g), g, ckpt, ns)
     data = {"machine": machine_info(ns.threads), "new_tokens": ns.new_tokens, "results": results}
-    write_json(RESULTS_DIR / "cpu_speed.json", data)
-    plot(results, RESULTS_DIR / "cpu_speed.png")
-    text = tables(results) + ("\n\n" + targets(results) if "smollm2-135m" in results else "")
+    write_json(RESULTS_DIR / f"cpu_speed{ns.tag}.json", data)
+    plot(results, RESULTS_DIR / f"cpu_speed{ns.tag}.png")
+    full = "smollm2-135m" in results and set(RADIX_MODES) <= set(results["smollm2-135m"]["systems"])
+    text = tables(results) + ("\n\n" + targets(results) if full else "")
     print(text)
     if ns.readme:
-        update_readme_section("cpu_speed", text + "\n\n![decode tok/s vs batch](results/cpu_speed.png)")
+        update_readme_section(
+            f"cpu_speed{ns.tag}", text + f"\n\n![decode tok/s vs batch](results/cpu_speed{ns.tag}.png)"
+        )
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ code, so a bucket compiles once, not once per layer), in which inductor fuses wh
 ops (RMSNorm, rotary, SiLU-mul, residual adds) around the linears. Attention is one opaque custom op
 (``radixrt::decode_attention``): it calls the attention backend with the forward's metadata, so the
 graph's shapes depend on the bucket only, never on the context lengths. Compiled artifacts are cached on
-disk (inductor's FX-graph cache under the radixrt cache dir), so a restart does not pay again.
+disk by inductor's FX-graph cache (torch's default place, ``/tmp/torchinductor_$USER``; the environment
+variable ``TORCHINDUCTOR_CACHE_DIR`` moves it), so a restart does not pay again.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +22,6 @@ import torch
 from tqdm import tqdm
 
 from kernels.base import AttentionBackend, AttentionMetadata
-from radixrt.cache import cache_dir
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.rope import RotaryEmbedding
 
@@ -107,7 +106,6 @@ class DecodeGraphRunner:
         self.model = model
         self.backend = backend
         self.buckets = compile_buckets(max_bs)
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self._layer = torch.compile(_layer_step, dynamic=False, fullgraph=True)
 
     @property
