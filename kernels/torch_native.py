@@ -19,6 +19,8 @@ from kernels import cpu_decode
 from kernels.base import AttentionBackend, AttentionMetadata, KVStore
 
 logger = logging.getLogger(__name__)
+# Extends of at most this many tokens per request run as one decode query per token through the C kernel.
+SMALL_EXTEND = 16
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -50,6 +52,16 @@ class TorchNativeBackend(AttentionBackend):
     _mask: torch.Tensor | None
 
     def init_forward_metadata(self, md: AttentionMetadata) -> None:
+        self._token_table: torch.Tensor | None = None
+        if self.use_decode_kernel and md.max_extend_len > 1 and md.max_extend_len <= SMALL_EXTEND:
+            # A short extend (speculative verify, jump-forward, a small chunk) is one decode query per new
+            # token: token t of request r attends over r's first prefix_len + j + 1 slots (causal).
+            extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
+            req = torch.repeat_interleave(torch.arange(md.batch_size), extend_lens)
+            j = torch.arange(int(md.qo_indptr[-1])) - md.qo_indptr[:-1][req]
+            self._token_table = md.slot_table[req]
+            self._token_lens = md.prefix_lens[req] + j + 1
+            return
         dev = md.seq_lens.device
         kv_pos = torch.arange(md.max_seq_len, device=dev)
         kv_ok = kv_pos[None, :] < md.seq_lens[:, None]
@@ -79,6 +91,10 @@ class TorchNativeBackend(AttentionBackend):
         if self.use_decode_kernel and md.max_extend_len == 1 and q.shape[0] == md.batch_size:
             return cpu_decode.paged_decode_attention(
                 q, k_buf, v_buf, md.slot_table, md.seq_lens, self.scale, self.sliding_window
+            )
+        if self._token_table is not None:
+            return cpu_decode.paged_decode_attention(
+                q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window
             )
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)
