@@ -54,7 +54,6 @@ MODES: dict[str, dict[str, Any]] = {
     "int8 (bf16)": {"dtype": "bfloat16", "quantization": "int8"},
     "int4 (bf16)": {"dtype": "bfloat16", "quantization": "int4"},
     "gguf Q4_1 blocks (bf16)": {"dtype": "bfloat16", "quantization": "gguf"},
-    "gguf Q4_1 blocks (fp32)": {"dtype": "float32", "quantization": "gguf"},
 }
 
 

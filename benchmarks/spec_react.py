@@ -97,7 +97,9 @@ def main() -> None:
                 results[key] = {"seconds": secs, "tokens": toks, "tok_s": toks / secs,
                                 "accept_length": 1 + acc / steps if steps else None}  # fmt: skip
                 outputs[key] = texts
-    same = [sum(a == b for a, b in zip(outputs[f"on-b{k}"], outputs[f"off-b{k}"], strict=True)) for k in (1, 8)]
+    same = [
+        sum(a == b for a, b in zip(outputs[f"on-b{k}"], outputs[f"off-b{k}"], strict=True)) for k in (1, 8)
+    ]
     identical = f"{sum(same)}/{2 * len(outputs['on-b1'])} generations"
     rows = []
     for b in (1, 8):
