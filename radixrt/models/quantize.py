@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -75,7 +76,7 @@ def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path
             if b is not None:
                 raise ValueError(f"GGUF {gguf_file.name}: mixed-type fused projection with bias: {names}")
             return out
-        rows = torch.cat([torch.from_numpy(w.data.copy()) for w in ws]).numpy()
+        rows = np.concatenate([w.data for w in ws])
         shape = (sum(_shape(w)[0] for w in ws), _shape(ws[0])[1])
         return gguf_linear(rows, ws[0].ggml_type, shape, bias=b, compute_dtype=dtype)
 

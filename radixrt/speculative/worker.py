@@ -31,7 +31,6 @@ from radixrt.speculative.verify import verify, verify_info
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.model_runner import ForwardInput
 from radixrt.worker.req import Req
-from radixrt.worker.scheduler import NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN
 
 if TYPE_CHECKING:
     from radixrt.worker.scheduler import Scheduler
@@ -137,7 +136,7 @@ class NgramSpeculator:
             stats.spec_draft_tokens += len(d)
             stats.spec_accepted_tokens += emitted - 1
         stats.spec_verify_steps += 1
-        self._settle(sched, reqs)
+        sched._settle_decode(reqs)
         return True
 
     @staticmethod
@@ -158,15 +157,3 @@ class NgramSpeculator:
             torch.cat(positions),
         )
         return sched.runner.logits(sched.runner.forward(fi))
-
-    @staticmethod
-    def _settle(sched: Scheduler, reqs: list[Req]) -> None:
-        """Finish, move and report the step's requests: the tail of ``Scheduler._run_decode``."""
-        finished = [r for r in reqs if r.finish_reason is not None]
-        jumped = [r for r in reqs if r.jumped and r.finish_reason is None]
-        if finished or jumped:
-            sched.running = [r for r in sched.running if r.finish_reason is None and not r.jumped]
-            sched.jumped.extend(jumped)
-            sched._finish(finished)
-        sched._emit(reqs)
-        sched.new_token_ratio = max(sched.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -133,9 +134,8 @@ class DecodeGraphRunner:
         finally:
             fw.backend, fw.md = None, None
 
-    def warmup(self, run_padding_batch: object) -> float:
+    def warmup(self, run_padding_batch: Callable[[int], None]) -> float:
         """Compile every bucket by running a batch of padding rows through it; returns the seconds spent."""
-        assert callable(run_padding_batch)
         t0 = time.perf_counter()
         for bs in tqdm(self.buckets, desc="compiling decode buckets", unit="bucket"):
             run_padding_batch(bs)

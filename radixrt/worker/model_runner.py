@@ -149,16 +149,15 @@ class ModelRunner:
         gr = self.graph_runner
         bs = len(fi.rows)
         bucket = gr.bucket(bs) if gr is not None and fi.mode == ForwardMode.DECODE else None
-        if gr is not None and bucket is not None:
+        if bucket is not None:
             fi = self._pad_decode(fi, bucket)
-            md = self.build_metadata(fi)
-            self.backend.init_forward_metadata(md)
-            ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
-            return gr.forward(ids, fi.positions.to(self.device), md)[:bs]
         md = self.build_metadata(fi)
         self.backend.init_forward_metadata(md)
         ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
-        return self.model(ids, fi.positions.to(self.device), self.backend, md)
+        positions = fi.positions.to(self.device)
+        if gr is not None and bucket is not None:
+            return gr.forward(ids, positions, md)[:bs]
+        return self.model(ids, positions, self.backend, md)
 
     def _pad_decode(self, fi: ForwardInput, bucket: int) -> ForwardInput:
         """``fi`` with rows appended up to ``bucket``: token 0 at position 0 on the all-zero padding row."""

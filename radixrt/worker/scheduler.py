@@ -363,6 +363,10 @@ class Scheduler(OutputMixin):
         for req in reqs:
             req.kv_len += 1
         self._sample_and_append(reqs, self.runner.logits(hidden))
+        self._settle_decode(reqs)
+
+    def _settle_decode(self, reqs: list[Req]) -> None:
+        """After a decode (or speculative) step: finish, move jumped requests, report, decay the reserve."""
         finished = [r for r in reqs if r.finish_reason is not None]
         jumped = [r for r in reqs if r.jumped and r.finish_reason is None]
         if finished or jumped:
