@@ -22,17 +22,45 @@ def test_buckets() -> None:
 
 
 def count_compiled(eng) -> list[int]:  # type: ignore[no-untyped-def]
-    """Wrap the graph runner so the test sees the padded batch size of every compiled forward."""
+    """Wrap the graph runner so the test sees the padded batch size of every compiled forward (plain and
+    greedy-head forwards both run the compiled layers)."""
     gr = eng.worker.scheduler.runner.graph_runner
     seen: list[int] = []
-    inner = gr.forward
+    inner = gr._layers
 
     def spy(ids, positions, md):  # type: ignore[no-untyped-def]
         seen.append(int(ids.shape[0]))
         return inner(ids, positions, md)
 
-    gr.forward = spy
+    gr._layers = spy
     return seen
+
+
+def test_greedy_head_and_sampled_path_agree(tiny_llama: Path, engine_factory) -> None:
+    """Plain greedy batches take the argmax inside the compiled graph; asking for logprobs forces the
+    logits path. Both give HF's greedy ids, and the logprob of each chosen token is the row's maximum."""
+    eng = engine_factory(tiny_llama, disable_compile=False, compile_max_bs=2)
+    gr = eng.worker.scheduler.runner.graph_runner
+    calls = {"greedy": 0}
+    inner = gr.forward_greedy
+
+    def spy(ids, positions, md):  # type: ignore[no-untyped-def]
+        calls["greedy"] += 1
+        return inner(ids, positions, md)
+
+    gr.forward_greedy = spy
+    prompts = prompts_of([6, 19], seed=4)
+    plain = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert calls["greedy"] >= GREEDY["max_new_tokens"] - 1
+    calls["greedy"] = 0
+    scored = eng.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2)
+    assert calls["greedy"] == 0
+    for ids, a, b in zip(prompts, plain, scored, strict=True):
+        assert a["output_ids"] == b["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+        for (lp, _tok, _), top in zip(
+            b["meta_info"]["output_token_logprobs"], b["meta_info"]["output_top_logprobs"], strict=True
+        ):
+            assert lp == pytest.approx(top[0][0], abs=1e-6)
 
 
 @pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3"])

@@ -89,6 +89,11 @@ def _layer_step(
     return layer(x, positions, rope, _OPAQUE, None)  # type: ignore[arg-type]
 
 
+def _greedy_head(norm: torch.nn.Module, lm_head: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Final norm, LM head and argmax in one graph: the next token of every row of a greedy batch."""
+    return torch.argmax(lm_head(norm(x)), dim=-1)
+
+
 def _raise_recompile_limit() -> None:
     """One graph per (bucket, model shape) lives on the shared layer code: leave room for several models
     in one process (tests, benchmarks) instead of dynamo's default of 8. NOTE: dynamo's config is per
@@ -108,6 +113,7 @@ class DecodeGraphRunner:
         self.backend = backend
         self.buckets = compile_buckets(max_bs)
         self._layer = torch.compile(_layer_step, dynamic=False, fullgraph=True)
+        self._greedy = torch.compile(_greedy_head, dynamic=False, fullgraph=True)
 
     @property
     def max_bs(self) -> int:
@@ -119,6 +125,15 @@ class DecodeGraphRunner:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         """Final hidden states ``[bucket, hidden]`` of a padded decode batch (metadata already planned)."""
+        return self.model.norm(self._layers(ids, positions, md))
+
+    def forward_greedy(
+        self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
+        """Argmax token ids ``[bucket]`` of a padded decode batch: norm, LM head and argmax compiled too."""
+        return self._greedy(self.model.norm, self.model.lm_head, self._layers(ids, positions, md))
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         _raise_recompile_limit()
         fw = _CURRENT
         fw.backend, fw.md, fw.layer = self.backend, md, 0
@@ -130,12 +145,13 @@ class DecodeGraphRunner:
                 raise RuntimeError(
                     f"compiled decode ran attention {fw.layer} times for {len(self.model.layers)} layers"
                 )
-            return self.model.norm(x)
+            return x
         finally:
             fw.backend, fw.md = None, None
 
     def warmup(self, run_padding_batch: Callable[[int], None]) -> float:
-        """Compile every bucket by running a batch of padding rows through it; returns the seconds spent."""
+        """Compile every bucket (the layers and the greedy head) by running a batch of padding rows through
+        it; returns the seconds spent."""
         t0 = time.perf_counter()
         for bs in tqdm(self.buckets, desc="compiling decode buckets", unit="bucket"):
             run_padding_batch(bs)

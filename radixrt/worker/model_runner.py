@@ -146,6 +146,15 @@ class ModelRunner:
         A decode batch that fits a compiled bucket is padded to it and runs the compiled step; everything
         else (extend, larger batches, ``--disable-compile``) runs eagerly.
         """
+        return self._run(fi, greedy=False)
+
+    @torch.inference_mode()
+    def forward_greedy(self, fi: ForwardInput) -> torch.Tensor:
+        """The argmax next token ``[T]`` of every new token: ``logits(forward(fi)).argmax(-1)``, with the
+        LM head and argmax inside the compiled graph where the batch fits a bucket."""
+        return self._run(fi, greedy=True)
+
+    def _run(self, fi: ForwardInput, greedy: bool) -> torch.Tensor:
         gr = self.graph_runner
         bs = len(fi.rows)
         bucket = gr.bucket(bs) if gr is not None and fi.mode == ForwardMode.DECODE else None
@@ -156,8 +165,10 @@ class ModelRunner:
         ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
         positions = fi.positions.to(self.device)
         if gr is not None and bucket is not None:
-            return gr.forward(ids, positions, md)[:bs]
-        return self.model(ids, positions, self.backend, md)
+            run = gr.forward_greedy if greedy else gr.forward
+            return run(ids, positions, md)[:bs]
+        hidden = self.model(ids, positions, self.backend, md)
+        return torch.argmax(self.model.logits(hidden), dim=-1) if greedy else hidden
 
     def _pad_decode(self, fi: ForwardInput, bucket: int) -> ForwardInput:
         """``fi`` with rows appended up to ``bucket``: token 0 at position 0 on the all-zero padding row."""
@@ -177,6 +188,7 @@ class ModelRunner:
         """A decode forward of ``bs`` padding rows (compiles that bucket; touches only slot 0)."""
         fi = ForwardInput(ForwardMode.DECODE, [], [], [], [], torch.zeros(0, dtype=torch.int64))
         self.forward(self._pad_decode(fi, bs))
+        self.forward_greedy(self._pad_decode(fi, bs))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -102,6 +102,10 @@ class OutputMixin:
                     k = req.top_logprobs_num
                     vals, ids = res.top_logprobs[j, :k].tolist(), res.top_ids[j, :k].tolist()
                     req.pending_top_logprobs.append(list(zip(vals, ids, strict=True)))
+        self._append_tokens(reqs, next_ids)
+
+    def _append_tokens(self, reqs: list[Req], next_ids: torch.Tensor) -> None:
+        """Append each request's next token, then advance its grammar or check whether it finished."""
         for req, tok in zip(reqs, next_ids.tolist(), strict=True):
             req.output_ids.append(tok)
             req.pending_out.append(tok)

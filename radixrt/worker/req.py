@@ -92,6 +92,21 @@ class Req:
         """Prompt plus generated tokens."""
         return len(self.origin_input_ids) + len(self.output_ids)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """True when the next token is exactly the argmax of the raw logits: greedy, no penalty, no ban
+        (min_new_tokens reached), no grammar and no logprobs to report."""
+        p = self.params
+        return (
+            p.is_greedy
+            and p.repetition_penalty == 1.0
+            and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0
+            and len(self.output_ids) >= p.min_new_tokens
+            and self.grammar is None
+            and not self.return_logprob
+        )
+
     def reset_fill(self) -> None:
         """Tokens that need KV before the next token can be sampled (after admission or retraction)."""
         self.fill_ids = self.origin_input_ids + self.output_ids

@@ -359,10 +359,17 @@ class Scheduler(OutputMixin):
             [r.output_ids[-1] for r in reqs],
             torch.tensor(kv_lens, dtype=torch.int64),
         )
-        hidden = self.runner.forward(fi)
-        for req in reqs:
-            req.kv_len += 1
-        self._sample_and_append(reqs, self.runner.logits(hidden))
+        if all(r.plain_greedy for r in reqs):
+            # Argmax inside the compiled step: no logits leave it, no sampling metadata is built.
+            next_ids = self.runner.forward_greedy(fi)
+            for req in reqs:
+                req.kv_len += 1
+            self._append_tokens(reqs, next_ids)
+        else:
+            hidden = self.runner.forward(fi)
+            for req in reqs:
+                req.kv_len += 1
+            self._sample_and_append(reqs, self.runner.logits(hidden))
         self._settle_decode(reqs)
 
     def _settle_decode(self, reqs: list[Req]) -> None:
