@@ -50,6 +50,29 @@ class AttentionMetadata:
     def batch_size(self) -> int:
         return int(self.seq_lens.shape[0])
 
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """A copy on ``device``: the host tensors are pinned and copied without blocking the host."""
+        if self.seq_lens.device == device:
+            return self
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True)
+
+        return AttentionMetadata(
+            mode=self.mode,
+            qo_indptr=move(self.qo_indptr),
+            kv_indptr=move(self.kv_indptr),
+            kv_indices=move(self.kv_indices),
+            kv_last_page_len=move(self.kv_last_page_len),
+            page_size=self.page_size,
+            prefix_lens=move(self.prefix_lens),
+            seq_lens=move(self.seq_lens),
+            out_cache_loc=move(self.out_cache_loc),
+            max_extend_len=self.max_extend_len,
+            max_seq_len=self.max_seq_len,
+            slot_table=move(self.slot_table),
+        )
+
 
 class KVStore(Protocol):
     """What a backend needs from the KV pool: per-layer buffers indexed by slot."""
@@ -82,9 +105,23 @@ class AttentionBackend(ABC):
         self.scale = scale
         self.sliding_window = sliding_window
 
+    # True when the decode forward may be captured in a CUDA graph: per-layer work reads only tensors
+    # that live at fixed addresses (the graph runner's static metadata and what the hooks below prepare).
+    supports_cuda_graph: bool = False
+
     @abstractmethod
     def init_forward_metadata(self, md: AttentionMetadata) -> None:
         """Prepare per-forward state shared by every layer."""
+
+    def init_forward_metadata_capture(self, md: AttentionMetadata, bs: int) -> None:
+        """Before capturing the decode graph of bucket ``bs``: ``md`` is the graph runner's static metadata
+        (the same tensors at every replay). Backends that plan into fixed buffers allocate them here."""
+        self.init_forward_metadata(md)
+
+    def init_forward_metadata_replay(self, md: AttentionMetadata, bs: int) -> None:
+        """Before replaying bucket ``bs``'s graph, after the new batch was copied into ``md``'s tensors:
+        update whatever the captured kernels read, in place (never by allocating new tensors)."""
+        self.init_forward_metadata(md)
 
     @abstractmethod
     def forward(

@@ -11,6 +11,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 EVICTION_POLICIES = ("lru", "lfu")
 # NOTE: radixrt.layers.QUANTIZATION_CHOICES, spelled here so that parsing flags does not import torch.
 QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(slots=True)
@@ -20,10 +21,12 @@ class ServerArgs:
     model_path: str | None = None
     tokenizer_path: str | None = None
     dtype: str = "auto"
-    device: str = "cpu"
-    attention_backend: str = "torch_native"
+    device: str = "auto"  # "auto": cuda when a GPU is visible, else cpu
+    attention_backend: str = "auto"  # "auto": flashinfer (else triton) on cuda, torch_native on cpu
     max_total_tokens: int | None = None
-    mem_fraction_static: float = 0.2
+    # Share of memory for weights + KV pool: of free RAM on cpu (default 0.2), of the GPU's total memory on
+    # cuda (default 0.85), as SGLang sizes it.
+    mem_fraction_static: float | None = None
     max_running_requests: int = 128
     chunked_prefill_size: int = 2048
     max_prefill_tokens: int = 8192
@@ -44,6 +47,9 @@ class ServerArgs:
     quantization: str | None = None
     disable_compile: bool = False
     compile_max_bs: int = 16
+    # CUDA graphs of the decode step per batch-size bucket (SGLang's names); cuda only.
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
     # Speculative decoding (SGLang's names): n-gram / prompt-lookup drafts, no draft model.
     speculative_algorithm: str | None = None  # "NGRAM" or None (off)
     speculative_num_draft_tokens: int = 4  # max draft tokens per request per step
@@ -74,7 +80,11 @@ class ServerArgs:
             raise ValueError(f"quantization: {self.quantization!r} not in {QUANTIZATION_CHOICES}")
         if self.compile_max_bs < 1:
             raise ValueError(f"compile_max_bs: must be >= 1, got {self.compile_max_bs}")
-        if not 0 < self.mem_fraction_static <= 1:
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device: {self.device!r} not in {DEVICES} (or cuda:N)")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs: must be >= 1, got {self.cuda_graph_max_bs}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
         if self.speculative_algorithm not in (None, "NGRAM"):
             raise ValueError(f"speculative_algorithm: {self.speculative_algorithm!r} not in (None, 'NGRAM')")

@@ -133,6 +133,8 @@ class GrammarBackend:
             assert state is not None
             state.matcher.fill_next_token_bitmask(bitmask, i)
         masked = logits.clone()
+        if bitmask.device != logits.device:  # filled on the host; applied where the logits are (GPU)
+            bitmask = bitmask.to(logits.device, non_blocking=True)
         xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=self.vocab_size, indices=rows)
         return masked
 

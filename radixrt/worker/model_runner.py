@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from radixrt.models.gguf import gguf_source
 from radixrt.models.loader import load_model
 from radixrt.models.quantize import apply_quantization, resolve_quantization
 from radixrt.server_args import ServerArgs
+from radixrt.worker.cuda_graph_runner import CudaGraphRunner
+from radixrt.worker.device import kv_budget_bytes, resolve_attention_backend, resolve_device, resolve_dtype
 from radixrt.worker.graph_runner import DecodeGraphRunner
 
 logger = logging.getLogger(__name__)
@@ -35,22 +36,15 @@ class ForwardInput:
     positions: torch.Tensor
 
 
-def _available_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 8 << 30
-
-
 class ModelRunner:
     """Loads the checkpoint and sizes the KV pool; ``forward`` runs the model on a ForwardInput."""
 
     def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
         self.args = args
-        self.device = torch.device(args.device)
-        self.config = ModelConfig.from_dir(model_path, dtype=args.dtype)
+        self.device = resolve_device(args.device)
+        self.config = ModelConfig.from_dir(model_path, dtype=resolve_dtype(args.dtype, self.device))
         cfg = self.config
-        if args.dtype == "auto":
+        if args.dtype == "auto" and self.device.type == "cpu":
             native = "has" if cpu_has_native_bf16() else "lacks"
             logger.info(
                 "dtype auto -> %s (this CPU %s native bf16)", str(cfg.dtype).removeprefix("torch."), native
@@ -67,18 +61,19 @@ class ModelRunner:
         if args.max_total_tokens is not None:
             num_slots = args.max_total_tokens
         else:
-            num_slots = int(_available_memory_bytes() * args.mem_fraction_static) // per_token
-            num_slots = max(min(num_slots, 1 << 20), 4 * self.context_len)
+            num_slots = kv_budget_bytes(self.device, args.mem_fraction_static) // per_token
+            num_slots = max(min(num_slots, 1 << 22), 4 * self.context_len)
         ps = args.page_size
         num_slots = (num_slots + ps) // ps * ps  # one extra page for the reserved padding page
         self.kv_pool = KVPool(
             num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
         )
-        self.allocator = TokenSlotAllocator(num_slots, ps, self.device)
-        self.req_to_token_pool = ReqToTokenPool(
-            args.max_running_requests + 8, self.context_len + ps, self.device
-        )
-        backend_cls = get_backend_class(args.attention_backend)
+        # NOTE: slot bookkeeping (free lists, the request -> slot table, the RadixCache's slots) stays on
+        # the host on every device: metadata is built there and copied once per forward.
+        self.allocator = TokenSlotAllocator(num_slots, ps)
+        self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 8, self.context_len + ps)
+        self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
+        backend_cls = get_backend_class(self.attention_backend)
         self.backend = backend_cls(
             self.kv_pool,
             cfg.num_heads,
@@ -88,7 +83,10 @@ class ModelRunner:
             cfg.sliding_window,
         )
         self.graph_runner: DecodeGraphRunner | None = None
-        if not args.disable_compile:
+        self.cuda_graph_runner: CudaGraphRunner | None = None
+        if self.device.type == "cuda":
+            self._init_cuda_graphs()
+        elif not args.disable_compile:
             self.graph_runner = DecodeGraphRunner(self.model, self.backend, args.compile_max_bs)
             self.graph_runner.warmup(self._run_padding_batch)
         logger.info(
@@ -102,9 +100,29 @@ class ModelRunner:
             ps,
         )
 
+    def _init_cuda_graphs(self) -> None:
+        if self.args.disable_cuda_graph:
+            return
+        if not self.backend.supports_cuda_graph:
+            logger.warning(
+                "attention backend %s cannot be captured in CUDA graphs: decode runs without them",
+                self.attention_backend,
+            )
+            return
+        self.cuda_graph_runner = CudaGraphRunner(
+            self.model,
+            self.backend,
+            self.args.cuda_graph_max_bs,
+            self.context_len + self.args.page_size,
+            self.args.page_size,
+            self.device,
+        )
+        self.cuda_graph_runner.capture()
+
     def build_metadata(self, fi: ForwardInput) -> AttentionMetadata:
-        """Paged metadata (FlashInfer layout) for a batch whose slots are already in req_to_token."""
-        dev = self.device
+        """Paged metadata (FlashInfer layout) for a batch whose slots are already in req_to_token; built on
+        the host (where the slot tables live)."""
+        dev = torch.device("cpu")
         ps = self.args.page_size
         rows = torch.tensor(fi.rows, dtype=torch.int64, device=dev)
         prefix = torch.tensor(fi.prefix_lens, dtype=torch.int64, device=dev)
@@ -155,17 +173,23 @@ class ModelRunner:
         return self._run(fi, greedy=True)
 
     def _run(self, fi: ForwardInput, greedy: bool) -> torch.Tensor:
-        gr = self.graph_runner
+        gr = self.graph_runner or self.cuda_graph_runner
         bs = len(fi.rows)
         bucket = gr.bucket(bs) if gr is not None and fi.mode == ForwardMode.DECODE else None
         if bucket is not None:
             fi = self._pad_decode(fi, bucket)
         md = self.build_metadata(fi)
+        ids = torch.tensor(fi.input_ids, dtype=torch.int64)
+        if self.cuda_graph_runner is not None and bucket is not None:
+            hidden = self.cuda_graph_runner.forward(ids, fi.positions, md)[:bs]
+            return torch.argmax(self.model.logits(hidden), dim=-1) if greedy else hidden
+        if self.device.type != "cpu":
+            md = md.to(self.device)
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+        positions = fi.positions.to(self.device, non_blocking=True)
         self.backend.init_forward_metadata(md)
-        ids = torch.tensor(fi.input_ids, dtype=torch.int64, device=self.device)
-        positions = fi.positions.to(self.device)
-        if gr is not None and bucket is not None:
-            run = gr.forward_greedy if greedy else gr.forward
+        if self.graph_runner is not None and bucket is not None:
+            run = self.graph_runner.forward_greedy if greedy else self.graph_runner.forward
             return run(ids, positions, md)[:bs]
         hidden = self.model(ids, positions, self.backend, md)
         return torch.argmax(self.model.logits(hidden), dim=-1) if greedy else hidden

@@ -53,7 +53,9 @@ class OutputMixin:
         hi = min(start + req.extend_len, prompt_len - 1)
         if hi > lo:
             logits = self.runner.logits(hidden[lo - start : hi - start])
-            targets = torch.tensor(req.origin_input_ids[lo + 1 : hi + 1], dtype=torch.int64)
+            targets = torch.tensor(
+                req.origin_input_ids[lo + 1 : hi + 1], dtype=torch.int64, device=logits.device
+            )
             res = compute_logprobs(logits, targets, req.top_logprobs_num)
             tok = res.token_logprobs.tolist()
             req.input_logprobs.extend(zip(tok, req.origin_input_ids[lo + 1 : hi + 1], strict=True))
@@ -80,6 +82,7 @@ class OutputMixin:
             [r.origin_input_ids for r in reqs],
             banned,
             self.vocab_size,
+            logits.device,
         )
         grammars = [r.grammar for r in reqs]
         constrained = sum(g is not None for g in grammars)
