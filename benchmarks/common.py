@@ -19,7 +19,9 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench_checkpoint(size: str, arch: str = "llama", seed: int = 0, context: int = 2048) -> Path:
+def bench_checkpoint(
+    size: str, arch: str = "llama", seed: int = 0, context: int = 2048, dtype: str = "float32"
+) -> Path:
     """A random-weight checkpoint for benchmarks, built once and cached under the radixrt cache dir.
 
     ``context`` sets ``max_position_embeddings`` (the ReAct prompts of the prefix benchmark need > 2048).
@@ -27,13 +29,14 @@ def bench_checkpoint(size: str, arch: str = "llama", seed: int = 0, context: int
     Built in a temporary directory and renamed into place, so concurrent benchmark runs never see a
     half-written checkpoint.
     """
-    path = cache_dir() / "bench" / f"{arch}-{size}-seed{seed}-ctx{context}"
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    path = cache_dir() / "bench" / f"{arch}-{size}-seed{seed}-ctx{context}{suffix}"
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
-        make_checkpoint(tmp, arch=arch, size=size, seed=seed, max_position_embeddings=context)
+        make_checkpoint(tmp, arch=arch, size=size, seed=seed, dtype=dtype, max_position_embeddings=context)
         try:
             os.replace(tmp, path)
         except OSError:  # another process won the race: keep its copy

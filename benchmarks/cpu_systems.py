@@ -132,23 +132,31 @@ class LlamaCppSystem:
 class HFSystem:
     """HF transformers ``generate`` (greedy, its own KV cache) on its own load of the checkpoint."""
 
-    def __init__(self, name: str, path: Path, gguf_file: Path | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self, name: str, path: Path, gguf_file: Path | None, dtype: torch.dtype, device: str = "cpu"
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         self.name = name
+        self.device = torch.device(device)
         kw: dict[str, Any] = {"gguf_file": gguf_file.name} if gguf_file is not None else {}
         src = gguf_file.parent if gguf_file is not None else path
-        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw).eval().to(self.device)
         self.vocab = int(self.model.config.vocab_size)
         self.rng = random.Random(0)
 
     @torch.inference_mode()
     def _run(self, prompts: list[list[int]], n: int) -> float:
-        x = torch.tensor(prompts)
+        x = torch.tensor(prompts, device=self.device)
         t0 = time.perf_counter()
         self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                             do_sample=False, pad_token_id=0)  # fmt: skip
+        self._sync()
         return time.perf_counter() - t0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def decode_tok_s(self, batch: int, context: int, new_tokens: int) -> float:
         self._run(random_prompts(batch, 8, self.vocab, self.rng), 2)
@@ -158,9 +166,11 @@ class HFSystem:
 
     @torch.inference_mode()
     def prefill_tok_s(self, length: int) -> float:
-        x = torch.tensor(random_prompts(1, length, self.vocab, self.rng))
+        x = torch.tensor(random_prompts(1, length, self.vocab, self.rng), device=self.device)
+        self._sync()
         t0 = time.perf_counter()
         self.model(x)
+        self._sync()
         return length / (time.perf_counter() - t0)
 
     def close(self) -> None:

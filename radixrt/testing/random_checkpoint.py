@@ -45,6 +45,9 @@ SIZES: dict[str, dict[str, int]] = {
                  num_key_value_heads=2),
     "88m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                 num_key_value_heads=4),
+    # TinyLlama-1.1B's shape (GQA 8:1), for the GPU benchmark.
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4),
 }  # fmt: skip
 
 # arch -> (config class, model class), names in the transformers namespace.
