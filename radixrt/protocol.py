@@ -23,7 +23,8 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
-    cache_salt: str | None = None
+    cache_salt: str | None = None  # the client's salt; the worker derives the namespace with the tenant
+    tenant: str | None = None  # set by the server from the API key when tenants exist
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -71,6 +72,7 @@ class StatsOut(msgspec.Struct, tag=True):
     ok: bool = True
     message: str = ""
     stats: dict[str, float] = msgspec.field(default_factory=dict)
+    tenants: dict[str, dict[str, float]] | None = None  # per tenant (TenantLedger.snapshot)
 
 
 class WorkerReady(msgspec.Struct, tag=True):

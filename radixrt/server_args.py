@@ -12,6 +12,8 @@ EVICTION_POLICIES = ("lru", "lfu")
 # NOTE: radixrt.layers.QUANTIZATION_CHOICES, spelled here so that parsing flags does not import torch.
 QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
 DEVICES = ("auto", "cpu", "cuda")
+# sglang-router 0.3.2's --policy choices (`radixrt serve --dp-size N` starts it in front of N servers)
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 @dataclass(slots=True)
@@ -50,10 +52,16 @@ class ServerArgs:
     # CUDA graphs of the decode step per batch-size bucket (SGLang's names); cuda only.
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 64
+    # Multi-tenancy: a JSON file of tenants (radixrt/tenants.py documents the schema).
+    tenants: str | None = None
     # Speculative decoding (SGLang's names): n-gram / prompt-lookup drafts, no draft model.
     speculative_algorithm: str | None = None  # "NGRAM" or None (off)
     speculative_num_draft_tokens: int = 4  # max draft tokens per request per step
     speculative_ngram_max_match_window_size: int = 3  # match the last n..1 tokens, longest first
+    # Data parallelism (SGLang's names): `--dp-size N` serves N servers behind sglang-router.
+    dp_size: int = 1
+    router_policy: str = "cache_aware"
+    router_dp_worker_base_port: int | None = None  # the first server's port (default: --port + 1)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -88,6 +96,10 @@ class ServerArgs:
             raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
         if self.speculative_algorithm not in (None, "NGRAM"):
             raise ValueError(f"speculative_algorithm: {self.speculative_algorithm!r} not in (None, 'NGRAM')")
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size: must be >= 1, got {self.dp_size}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy: {self.router_policy!r} not in {ROUTER_POLICIES}")
         if self.speculative_num_draft_tokens < 1:
             raise ValueError(
                 f"speculative_num_draft_tokens: must be >= 1, got {self.speculative_num_draft_tokens}"
@@ -126,6 +138,8 @@ class ServerArgs:
                 choices = EVICTION_POLICIES
             elif f.name == "quantization":
                 choices = QUANTIZATION_CHOICES
+            elif f.name == "router_policy":
+                choices = ROUTER_POLICIES
             parser.add_argument(flag, type=kind, default=default, choices=choices)
 
     @classmethod

@@ -137,8 +137,11 @@ class TokenizerManager:
             raise ValueError("text: the prompt is empty")
         return list(ids)
 
-    def prepare(self, req: SingleReq) -> tuple[list[TokenizedGenerateReq], SamplingParams]:
-        """Validate and tokenize one prompt; ``n > 1`` becomes n worker requests sharing the prompt."""
+    def prepare(
+        self, req: SingleReq, tenant: str | None = None
+    ) -> tuple[list[TokenizedGenerateReq], SamplingParams]:
+        """Validate and tokenize one prompt; ``n > 1`` becomes n worker requests sharing the prompt.
+        ``tenant`` (from the API key, never from the body) selects the cache namespace in the worker."""
         params = SamplingParams.from_dict(req.sampling_params)
         params.validate(self.vocab_size)
         ids = self.tokenize(req)
@@ -173,19 +176,22 @@ class TokenizerManager:
                     logprob_start_len=min(start, len(ids) - 1),
                     top_logprobs_num=top,
                     cache_salt=req.cache_salt,
+                    tenant=tenant,
                 )
             )
         return out, params
 
     # -- generation -----------------------------------------------------------------------------
-    async def generate(self, obj: GenerateReqInput) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(
+        self, obj: GenerateReqInput, tenant: str | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Yield outputs: for a stream, cumulative snapshots; otherwise one final result.
 
         A batch (or ``n > 1``) yields a list of results when not streaming, and snapshots carrying
         ``index`` when streaming.
         """
         singles = [obj.item(i) for i in range(obj.batch_size())]
-        prepared = [self.prepare(s) for s in singles]  # validate everything before sending anything
+        prepared = [self.prepare(s, tenant) for s in singles]  # validate everything before sending anything
         subs = [(s, t, p) for s, (ts, p) in zip(singles, prepared, strict=True) for t in ts]
         multi = obj.is_batch or len(subs) > 1
         if not multi:

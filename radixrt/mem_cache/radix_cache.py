@@ -3,7 +3,11 @@
 Each node owns the slot indices of the tokens on its edge. Finished requests ``insert`` their tokens;
 new requests ``match_prefix`` to reuse the longest cached page-aligned prefix. Nodes in use are locked
 (ref counts up to the namespace root); unlocked leaves are evicted least-recently (or least-frequently)
-used first. Every ``cache_salt`` gets its own root, so tenants never share a node.
+used first. Every ``cache_salt`` (namespace) gets its own root, so tenants never share a node.
+
+With tenants, every node records its tenant and the tree counts each tenant's tokens. Given the tenants'
+shares (`TenantShares`), eviction takes the leaves of tenants over their KV quota first (least recently
+used among them), and never cuts into another tenant's reserved share to make room for a requester.
 """
 
 from __future__ import annotations
@@ -28,15 +32,35 @@ class SlotFreer(Protocol):
     def free(self, slots: torch.Tensor) -> None: ...
 
 
+class TenantShares(Protocol):
+    """The tenants' KV shares, in tokens, as eviction needs them."""
+
+    def quota_tokens(self, tenant: str | None) -> int: ...
+
+    def reserved_tokens(self, tenant: str | None) -> int: ...
+
+    def running_tokens(self) -> dict[str | None, int]:
+        """Slots each tenant's live requests hold outside the tree."""
+        ...
+
+
 class TreeNode:
     """One edge of the tree: ``key`` token ids and ``value`` their int64 slot indices (same length)."""
 
-    __slots__ = ("key", "value", "children", "parent", "lock_ref", "last_access_time", "hit_count", "id")
+    __slots__ = (
+        "key", "value", "children", "parent", "lock_ref", "last_access_time", "hit_count", "id", "tenant",
+    )  # fmt: skip
 
     def __init__(
-        self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None, last_access_time: int
+        self,
+        key: tuple[int, ...],
+        value: torch.Tensor,
+        parent: TreeNode | None,
+        last_access_time: int,
+        tenant: str | None = None,
     ) -> None:
         self.key = key
+        self.tenant: str | None = parent.tenant if parent is not None else tenant
         self.value = value
         # Keyed by the first token (page_size 1) or the first page tuple (page_size > 1).
         self.children: dict[int | tuple[int, ...], TreeNode] = {}
@@ -112,6 +136,8 @@ class RadixCache:
         self.eviction_policy = eviction_policy
         self.disable = disable
         self.stats = CacheStats()
+        self.shares: TenantShares | None = None
+        self.tenant_evicted: dict[str | None, int] = {}
         self._empty = torch.empty(0, dtype=torch.int64)
         self._clock = 0
         self._clear()
@@ -151,12 +177,19 @@ class RadixCache:
             return MatchResult(self._empty, root)
         return MatchResult(torch.cat([n.value for n in path]), node)
 
-    def insert(self, key: Sequence[int], slots: torch.Tensor, cache_salt: str | None = None) -> int:
+    def insert(
+        self,
+        key: Sequence[int],
+        slots: torch.Tensor,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+    ) -> int:
         """Cache ``key[:aligned_len]`` (whole pages only) with ``slots`` (one per token, at least aligned_len).
 
         Returns ``prefix_len``, how many leading tokens were already cached. The tree takes ownership of
         (a copy of) ``slots[prefix_len:aligned_len]``; the caller keeps, and must free, the slots it
-        computed for positions below ``prefix_len`` (duplicates) and from ``aligned_len`` on.
+        computed for positions below ``prefix_len`` (duplicates) and from ``aligned_len`` on. ``tenant``
+        owns the namespace ``cache_salt`` (recorded when the namespace is created).
         """
         if self.disable:
             return 0
@@ -168,7 +201,11 @@ class RadixCache:
             raise ValueError(f"insert: {slots.numel()} slots for {n} tokens")
         root = self._roots.get(cache_salt)
         if root is None:
-            root = self._roots[cache_salt] = self._new_root()
+            root = self._roots[cache_salt] = self._new_root(tenant)
+        elif root.tenant != tenant:
+            raise ValueError(
+                f"insert: namespace {cache_salt!r} belongs to tenant {root.tenant!r}, not {tenant!r}"
+            )
         self._clock += 1
         node, prefix_len, _ = self._walk(root, tkey, self._clock)
         if prefix_len < n:
@@ -178,6 +215,7 @@ class RadixCache:
             node.children[self._child_key(leaf.key)] = leaf
             self._evictable_leaves.add(leaf)
             self._evictable += n - prefix_len
+            self._tenant_tokens[tenant] = self._tenant_tokens.get(tenant, 0) + n - prefix_len
             self.stats.inserted_tokens += n - prefix_len
         return prefix_len
 
@@ -204,21 +242,59 @@ class RadixCache:
                     self._evictable_leaves.add(node)
             node = node.parent
 
-    def evict(self, num_tokens: int) -> int:
+    def evict(
+        self,
+        num_tokens: int,
+        requester: str | None = None,
+        only: str | None = None,
+        spare_reserved: bool = True,
+        incoming: int = 0,
+    ) -> int:
         """Free unlocked leaves in policy order until ``num_tokens`` are freed; returns tokens freed.
 
-        May overshoot by less than one node, or free less when nothing more is evictable.
+        May overshoot by less than one node, or free less when nothing more is evictable. With tenant
+        shares set: leaves of tenants over their quota go first (the requester counts the ``incoming``
+        tokens it is about to take, so a tenant growing past its quota makes room from its own prefixes
+        before anyone else's); another tenant's leaves are kept while
+        they are within its reserved share (unless ``spare_reserved`` is False: the last resort that lets
+        running requests progress); ``only`` restricts eviction to that tenant's leaves.
         """
         if num_tokens <= 0 or not self._evictable_leaves:
             return 0
-        heap = [(self._priority(n), n) for n in self._evictable_leaves]
+        running = self.shares.running_tokens() if self.shares is not None else {}
+
+        def allowed(n: TreeNode) -> bool:
+            if only is not None and n.tenant != only:
+                return False
+            if self.shares is None or not spare_reserved or n.tenant == requester:
+                return True
+            return self._tenant_tokens.get(n.tenant, 0) - len(n.key) >= self.shares.reserved_tokens(n.tenant)
+
+        def rank(n: TreeNode) -> tuple[int | float, ...]:
+            if self.shares is None:
+                return self._priority(n)
+            held = self._tenant_tokens.get(n.tenant, 0) + running.get(n.tenant, 0)
+            if n.tenant == requester:
+                held += incoming
+            return (0 if held > self.shares.quota_tokens(n.tenant) else 1, *self._priority(n))
+
+        heap = [(rank(n), n) for n in self._evictable_leaves if allowed(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
-            _, node = heapq.heappop(heap)
+            key, node = heapq.heappop(heap)
+            if self.shares is not None:
+                fresh = rank(node)
+                if fresh != key:  # its tenant fell below quota since: back in line with the others
+                    heapq.heappush(heap, (fresh, node))
+                    continue
+                if not allowed(node):
+                    continue
             self.allocator.free(node.value)
             freed += len(node.key)
             self._evictable -= len(node.key)
+            self._tenant_tokens[node.tenant] -= len(node.key)
+            self.tenant_evicted[node.tenant] = self.tenant_evicted.get(node.tenant, 0) + len(node.key)
             self._evictable_leaves.discard(node)
             parent = node.parent
             assert parent is not None
@@ -226,7 +302,8 @@ class RadixCache:
             node.parent = None
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
-                heapq.heappush(heap, (self._priority(parent), parent))
+                if allowed(parent):
+                    heapq.heappush(heap, (rank(parent), parent))
         for salt in [s for s, root in self._roots.items() if not root.children]:
             del self._roots[salt]
         self.stats.evicted_tokens += freed
@@ -244,12 +321,17 @@ class RadixCache:
         """Tokens held by the tree (all namespaces)."""
         return self._evictable + self._protected
 
+    def tenant_size(self, tenant: str | None) -> int:
+        """Tokens held by the tree in ``tenant``'s namespaces."""
+        return self._tenant_tokens.get(tenant, 0)
+
     def check_integrity(self) -> None:
         """Recompute sizes and structure by walking the tree; raise AssertionError on any mismatch."""
         ps = self.page_size
         evictable = protected = 0
         leaves: set[TreeNode] = set()
         values: list[torch.Tensor] = []
+        per_tenant: dict[str | None, int] = {}
         for salt, root in self._roots.items():
             assert root.parent is None and not root.key and root.lock_ref == 0, f"bad root for {salt!r}"
             for node in self._iter_nodes(root):
@@ -262,6 +344,8 @@ class RadixCache:
                 assert len(node.key) > 0 and len(node.key) % ps == 0, f"{node!r} key not page aligned"
                 assert node.value.numel() == len(node.key), f"{node!r} key/value length mismatch"
                 assert node.lock_ref >= 0, f"{node!r} negative lock_ref"
+                assert node.tenant == root.tenant, f"{node!r} of tenant {node.tenant!r} under {root.tenant!r}"
+                per_tenant[node.tenant] = per_tenant.get(node.tenant, 0) + len(node.key)
                 values.append(node.value)
                 if node.lock_ref:
                     protected += len(node.key)
@@ -272,6 +356,8 @@ class RadixCache:
         assert evictable == self._evictable, f"evictable {self._evictable} != walked {evictable}"
         assert protected == self._protected, f"protected {self._protected} != walked {protected}"
         assert leaves == self._evictable_leaves, "evictable-leaf set out of date"
+        counted = {t: n for t, n in self._tenant_tokens.items() if n}
+        assert per_tenant == counted, f"tenant sizes {counted} != walked {per_tenant}"
         if values:
             slots = torch.cat(values)
             assert torch.unique(slots).numel() == slots.numel(), "a slot is owned by two nodes"
@@ -301,9 +387,10 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self._evictable_leaves: set[TreeNode] = set()
+        self._tenant_tokens: dict[str | None, int] = {}
 
-    def _new_root(self) -> TreeNode:
-        return TreeNode((), self._empty, None, 0)
+    def _new_root(self, tenant: str | None = None) -> TreeNode:
+        return TreeNode((), self._empty, None, 0, tenant)
 
     def _aligned(self, key: tuple[int, ...]) -> tuple[int, ...]:
         ps = self.page_size

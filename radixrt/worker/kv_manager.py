@@ -37,8 +37,7 @@ class KVManager:
     def alloc(self, req: Req, num_tokens: int) -> bool:
         """Give ``req`` slots for its next ``num_tokens`` tokens (after ``kv_len``), evicting if needed."""
         need = self.pages_needed(req, num_tokens)
-        if need > self.allocator.available_size():
-            self.tree.evict(need - self.allocator.available_size())
+        self._make_room(need, req.tenant)
         assert req.req_pool_idx is not None
         row = self.req_pool.req_to_token[req.req_pool_idx]
         last = int(row[req.kv_len - 1]) if req.kv_len > 0 else 0
@@ -52,8 +51,7 @@ class KVManager:
         """One more slot for each request (callers made room first). Batched when pages are single tokens."""
         if self.page_size > 1:
             return all(self.alloc(r, 1) for r in reqs)
-        if len(reqs) > self.allocator.available_size():
-            self.tree.evict(len(reqs) - self.allocator.available_size())
+        self._make_room(len(reqs), None)
         slots = self.allocator.alloc(len(reqs))
         if slots is None:
             return False
@@ -61,6 +59,15 @@ class KVManager:
         cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
         self.req_pool.req_to_token[rows, cols] = slots
         return True
+
+    def _make_room(self, need: int, requester: str | None) -> None:
+        """Evict until ``need`` slots are free: sparing other tenants' reserved shares, and only when that
+        is not enough (running requests must progress) from those too."""
+        for spare in (True, False):
+            short = need - self.allocator.available_size()
+            if short <= 0:
+                return
+            self.tree.evict(short, requester=requester, spare_reserved=spare, incoming=need)
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req: Req) -> bool:
@@ -87,7 +94,7 @@ class KVManager:
         key = req.fill_ids[:aligned]
         row = self.req_pool.req_to_token[req.req_pool_idx]
         slots = row[:aligned].clone()
-        prefix_len = self.tree.insert(key, slots, req.cache_salt)
+        prefix_len = self.tree.insert(key, slots, req.cache_salt, req.tenant)
         if prefix_len > req.cached_len:
             self.allocator.free(slots[req.cached_len : prefix_len])
         match = self.tree.match_prefix(key, req.cache_salt)
@@ -108,7 +115,7 @@ class KVManager:
         if not self.tree.disable:
             aligned = kv_len // self.page_size * self.page_size
             all_ids = req.origin_input_ids + req.output_ids
-            prefix_len = self.tree.insert(all_ids[:aligned], slots[:aligned], req.cache_salt)
+            prefix_len = self.tree.insert(all_ids[:aligned], slots[:aligned], req.cache_salt, req.tenant)
             if prefix_len > req.cached_len:
                 self.allocator.free(slots[req.cached_len : prefix_len])
             own_from = aligned

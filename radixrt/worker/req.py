@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixrt.protocol import TokenizedGenerateReq
+from radixrt.tenants import namespace
 
 
 class Req:
@@ -25,6 +26,7 @@ class Req:
         "logprob_start_len",
         "top_logprobs_num",
         "cache_salt",
+        "tenant",
         "req_pool_idx",
         "kv_len",
         "cached_len",
@@ -58,7 +60,9 @@ class Req:
         start = msg.logprob_start_len
         self.logprob_start_len = len(self.origin_input_ids) - 1 if start < 0 else start
         self.top_logprobs_num = msg.top_logprobs_num
-        self.cache_salt = msg.cache_salt
+        self.tenant = msg.tenant
+        # The RadixCache namespace: derived from the tenant, so no salt reaches another tenant's cache.
+        self.cache_salt = namespace(msg.tenant, msg.cache_salt)
         self.arrival = arrival
         self.req_pool_idx: int | None = None
         self.kv_len = 0

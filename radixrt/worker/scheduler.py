@@ -28,12 +28,14 @@ from radixrt.protocol import (
     WorkerOutput,
 )
 from radixrt.server_args import ServerArgs
+from radixrt.tenants import TenantConfig
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.output import OutputMixin
 from radixrt.worker.req import Req
 from radixrt.worker.schedule_policy import order_waiting, shared_uncached_prefix
 from radixrt.worker.stats import SchedulerStats
+from radixrt.worker.tenant_ledger import TenantLedger
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ class Scheduler(OutputMixin):
             disable=args.disable_radix_cache,
         )
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token_pool, self.tree)
+        self.ledger: TenantLedger | None = None
+        if args.tenants is not None:
+            self.ledger = TenantLedger(TenantConfig.load(args.tenants), self.kv, self.live_reqs)
+            self.tree.shares = self.ledger
         self.send = send
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -80,7 +86,7 @@ class Scheduler(OutputMixin):
         self.by_rid: dict[str, Req] = {}
         self.arrivals = 0
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats(tenants=self.ledger)
         self.check_invariant_each_step = False
         self.grammar_waiting: list[Req] = []  # constrained requests whose grammar is compiling
         self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
@@ -126,7 +132,8 @@ class Scheduler(OutputMixin):
         elif isinstance(msg, FlushCacheReq):
             self.send(self.flush_cache())
         elif isinstance(msg, GetStatsReq):
-            self.send(StatsOut(stats=self.snapshot()))
+            tenants = self.ledger.snapshot() if self.ledger is not None else None
+            self.send(StatsOut(stats=self.snapshot(), tenants=tenants))
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.arrivals)
@@ -139,6 +146,8 @@ class Scheduler(OutputMixin):
             )
         elif len(req.origin_input_ids) + 1 > self.kv.allocator.total_slots:
             error = f"prompt ({len(req.origin_input_ids)} tokens) does not fit the KV pool"
+        elif req.tenant is not None and (self.ledger is None or req.tenant not in self.ledger.counters):
+            error = f"tenant: {req.tenant!r} is not a tenant of this server"
         if error is not None:
             self.send(
                 BatchTokenOut(
@@ -254,7 +263,10 @@ class Scheduler(OutputMixin):
         ):
             return batch  # no room: skip ordering (lpm probes the tree for every waiting request)
         headroom = self.kv.available() - self._reserved_decode()
-        for req in order_waiting(self.waiting, args.schedule_policy, self.tree):
+        ordered = order_waiting(self.waiting, args.schedule_policy, self.tree)
+        if self.ledger is not None:
+            ordered.sort(key=self.ledger.admission_rank)  # stable: policy order within a priority
+        for req in ordered:
             if len(self.running) + len(batch) >= args.max_running_requests or budget <= 0:
                 break
             if not self.kv.admit(req):
@@ -270,6 +282,11 @@ class Scheduler(OutputMixin):
             if need > headroom and (batch or self.running):
                 self.kv.release(req)
                 break
+            if self.ledger is not None and not self.ledger.may_admit(
+                req, self.kv.pages_needed(req, take), self.waiting, batch
+            ):
+                self.kv.release(req)  # its tenant is at its quota while others have work: it waits
+                continue
             if not self.kv.alloc(req, take):
                 self.kv.release(req)
                 if not batch and not self.running:  # nothing else holds memory: it can never fit

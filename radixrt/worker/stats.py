@@ -9,6 +9,7 @@ from radixrt.worker.req import Req
 
 if TYPE_CHECKING:
     from radixrt.worker.scheduler import Scheduler
+    from radixrt.worker.tenant_ledger import TenantLedger
 
 
 @dataclass(slots=True)
@@ -31,15 +32,20 @@ class SchedulerStats:
     spec_verify_reqs: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    tenants: TenantLedger | None = None  # per-tenant counters, when the server has tenants
 
     def on_arrival(self, req: Req) -> None:
         self.num_requests += 1
         self.prompt_tokens += len(req.origin_input_ids)
+        if self.tenants is not None:
+            self.tenants.on_arrival(req)
 
     def on_finish(self, req: Req) -> None:
         self.num_finished += 1
         self.cached_tokens += req.cached_tokens
         self.generation_tokens += len(req.output_ids)
+        if self.tenants is not None:
+            self.tenants.on_finish(req)
 
     def snapshot(self, sched: Scheduler) -> dict[str, float]:
         kv = sched.kv

@@ -1,0 +1,131 @@
+"""Per-tenant KV accounting in the worker: quotas and reserves in tokens, what each tenant holds, and
+whether a tenant's request may be admitted now (quota under contention).
+
+A tenant *holds* its cached tokens (its namespaces in the RadixCache) plus the slots its live requests
+own outside the tree. Under contention — another tenant has requests waiting or running — a request is
+admitted only if its tenant stays within its ``kv_quota`` after the admission; first the tenant's own
+least recently used cached prefixes are evicted to make room (LRU inside the quota). Otherwise it waits
+in the queue (never fails for the quota). Alone on the server a tenant may use the whole pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from radixrt.mem_cache.radix_cache import RadixCache
+from radixrt.tenants import ADMIN_TENANT, TenantConfig
+from radixrt.worker.kv_manager import KVManager
+from radixrt.worker.req import Req
+
+
+@dataclass(slots=True)
+class TenantCounters:
+    """Cumulative per-tenant counts (tokens), reported with label ``tenant``."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    quota_waits: int = 0  # admissions deferred because the tenant was at its quota
+
+
+@dataclass
+class TenantLedger:
+    """Implements the RadixCache's `TenantShares` and the scheduler's quota gate."""
+
+    config: TenantConfig
+    kv: KVManager
+    live: Callable[[], list[Req]]
+    counters: dict[str, TenantCounters] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for t in self.config.tenants:
+            self.counters[t.name] = TenantCounters()
+        self.counters[ADMIN_TENANT] = TenantCounters()
+
+    @property
+    def tree(self) -> RadixCache:
+        return self.kv.tree
+
+    @property
+    def total(self) -> int:
+        return self.kv.allocator.total_slots
+
+    # -- TenantShares -------------------------------------------------------------------------------
+    def quota_tokens(self, tenant: str | None) -> int:
+        if tenant is None or tenant == ADMIN_TENANT:
+            return self.total
+        return int(self.config.get(tenant).kv_quota * self.total)
+
+    def reserved_tokens(self, tenant: str | None) -> int:
+        if tenant is None or tenant == ADMIN_TENANT:
+            return 0
+        return int(self.config.get(tenant).reserved * self.total)
+
+    def running_tokens(self) -> dict[str | None, int]:
+        held: Counter[str | None] = Counter()
+        for r in self.live():
+            held[r.tenant] += self.kv.owned_slots(r)
+        return dict(held)
+
+    # -- admission --------------------------------------------------------------------------------
+    def admission_rank(self, req: Req) -> int:
+        """Sort key: higher tenant priority first (the admin's requests rank with priority 0)."""
+        if req.tenant is None or req.tenant == ADMIN_TENANT:
+            return 0
+        return -self.config.get(req.tenant).priority
+
+    def held(self, tenant: str | None, batch: list[Req]) -> int:
+        """Tokens ``tenant`` holds: cached, live, and admitted into the prefill batch being formed."""
+        # NOTE: a batch member's kv_len moves only after the forward; its new slots are its extend_len.
+        in_batch = sum(self.kv.owned_slots(r) + r.extend_len for r in batch if r.tenant == tenant)
+        return self.tree.tenant_size(tenant) + self.running_tokens().get(tenant, 0) + in_batch
+
+    def contended(self, tenant: str | None, waiting: list[Req]) -> bool:
+        """Whether another tenant has work (waiting or live requests)."""
+        return any(r.tenant != tenant for r in waiting) or any(r.tenant != tenant for r in self.live())
+
+    def may_admit(self, req: Req, need: int, waiting: list[Req], batch: list[Req]) -> bool:
+        """True when ``req`` (already holding its cached prefix) may take ``need`` more slots now, next to
+        the requests already in this round's prefill ``batch``."""
+        quota = self.quota_tokens(req.tenant)
+        over = self.held(req.tenant, batch) + need - quota
+        if over <= 0 or not self.contended(req.tenant, waiting + batch):
+            return True
+        self.tree.evict(over, requester=req.tenant, only=req.tenant)
+        if self.held(req.tenant, batch) + need <= quota:
+            return True
+        self.counters[req.tenant or ADMIN_TENANT].quota_waits += 1
+        return False
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def on_arrival(self, req: Req) -> None:
+        c = self.counters[req.tenant or ADMIN_TENANT]
+        c.requests += 1
+        c.prompt_tokens += len(req.origin_input_ids)
+
+    def on_finish(self, req: Req) -> None:
+        c = self.counters[req.tenant or ADMIN_TENANT]
+        c.cached_tokens += req.cached_tokens
+        c.generated_tokens += len(req.output_ids)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Per tenant: cumulative counters, evicted tokens, KV tokens held now and the quota (tokens)."""
+        running = self.running_tokens()
+        out: dict[str, dict[str, float]] = {}
+        for name, c in self.counters.items():
+            held = self.tree.tenant_size(name) + running.get(name, 0)
+            out[name] = {
+                "requests": c.requests,
+                "prompt_tokens": c.prompt_tokens,
+                "cached_tokens": c.cached_tokens,
+                "generated_tokens": c.generated_tokens,
+                "quota_waits": c.quota_waits,
+                "evicted_tokens": self.tree.tenant_evicted.get(name, 0),
+                "kv_tokens_held": held,
+                "kv_quota_tokens": self.quota_tokens(name),
+                "hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            }
+        return out

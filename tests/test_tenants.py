@@ -1,0 +1,148 @@
+"""Tenants in the worker: the config's validation, cache namespaces no salt can cross, and KV quotas under
+a flooding tenant (against plain LRU, which lets the flood evict everyone)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixrt.io_struct import GenerateReqInput
+from radixrt.tenants import TenantConfig, namespace
+from tests.engine_fixtures import prompts_of
+
+ONE = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
+
+
+def tenants_file(tmp_path: Path, tenants: list[dict[str, Any]]) -> str:
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps({"tenants": tenants}))
+    return str(path)
+
+
+def run(eng, ids: list[int], tenant: str | None, salt: str | None = None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """One request as the server sends it for an authenticated tenant (the tenant is not a body field)."""
+    obj = GenerateReqInput(input_ids=ids, sampling_params=ONE, cache_salt=salt)
+
+    async def collect() -> Any:
+        out = None
+        async for item in eng.tokenizer_manager.generate(obj, tenant=tenant):
+            out = item
+        return out
+
+    return asyncio.run_coroutine_threadsafe(collect(), eng._loop).result()
+
+
+@pytest.mark.parametrize(
+    ("doc", "error"),
+    [
+        ({"tenants": []}, "non-empty list"),
+        ({"tenants": [{"name": "a"}]}, r"tenants\[0\].api_keys"),
+        ({"tenants": [{"name": "_x", "api_keys": ["k"]}]}, r"tenants\[0\].name"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "kv_quota": 0}]}, r"tenants\[0\].kv_quota"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "kv_quota": True}]}, r"tenants\[0\].kv_quota"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "reserved": 0.6}]}, r"tenants\[0\].reserved"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "colour": 1}]}, r"tenants\[0\].colour"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "a", "api_keys": ["j"]}]}, "twice"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}]}, "api key"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "priority": 1.5}]}, r"tenants\[0\].priority"),
+        ({"tenant": []}, "expected an object"),
+    ],
+)
+def test_config_errors_name_the_field(doc: Any, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        TenantConfig.from_dict(doc)
+
+
+def test_config_loads_and_finds_keys(tmp_path: Path) -> None:
+    cfg = TenantConfig.load(tenants_file(tmp_path, [{"name": "a", "api_keys": ["k1", "k2"], "priority": 2}]))
+    assert cfg.by_key("k2") is cfg.get("a") and cfg.by_key("nope") is None and cfg.by_key(None) is None
+    assert cfg.get("a").kv_quota == 0.5 and cfg.get("a").priority == 2
+    with pytest.raises(ValueError, match="not JSON"):
+        (tmp_path / "bad.json").write_text("{")
+        TenantConfig.load(tmp_path / "bad.json")
+
+
+@given(st.text(), st.text(), st.one_of(st.none(), st.text()), st.one_of(st.none(), st.text()))
+def test_namespaces_of_two_tenants_never_meet(t1: str, t2: str, s1: str | None, s2: str | None) -> None:
+    if t1 != t2:
+        assert namespace(t1, s1) != namespace(t2, s2)
+    assert namespace(t1, s1) != s2 or s2 is None or not s2.startswith('["tenant"')  # raw salts stay raw
+
+
+def test_no_salt_crosses_tenants(tiny_llama: Path, tmp_path: Path, engine_factory) -> None:
+    cfg = tenants_file(tmp_path, [{"name": "alpha", "api_keys": ["a"]}, {"name": "beta", "api_keys": ["b"]}])
+    eng = engine_factory(tiny_llama, tenants=cfg)
+    (prompt,) = prompts_of([48], seed=1)
+    assert run(eng, prompt, "alpha")["meta_info"]["cached_tokens"] == 0
+    assert run(eng, prompt, "alpha")["meta_info"]["cached_tokens"] == 47  # within a tenant the cache works
+    salts = [None, "", "alpha", "beta", namespace("alpha", None), namespace("alpha", ""), '["tenant", "alpha"]',
+             json.dumps(["tenant", "alpha", None]), "\x00", "a" * 1000]  # fmt: skip
+    for salt in salts:
+        assert run(eng, prompt, "beta", salt)["meta_info"]["cached_tokens"] == 0, salt
+        eng.flush_cache()  # beta's own copy must not hide a cross-tenant hit on the next salt
+        run(eng, prompt, "alpha")
+    # The in-process Engine (no tenant) does not see the tenants' caches either.
+    assert run(eng, prompt, None)["meta_info"]["cached_tokens"] == 0
+    # A salt subdivides the tenant's own namespace.
+    assert run(eng, prompt, "alpha", "x")["meta_info"]["cached_tokens"] == 0
+    assert run(eng, prompt, "alpha", "x")["meta_info"]["cached_tokens"] == 47
+    with pytest.raises(ValueError, match="tenant: 'gamma'"):
+        bad = run(eng, prompt, "gamma")
+        raise ValueError(bad["meta_info"]["finish_reason"]["message"])
+
+
+@pytest.mark.parametrize("quotas", [True, False], ids=["quotas", "plain-lru"])
+def test_a_flooding_tenant_evicts_its_own_prefixes_first(
+    quotas: bool, tiny_llama: Path, tmp_path: Path, engine_factory
+) -> None:
+    """Pool 640 tokens; quiet caches a 200-token prompt, noisy then sends 12 fresh 150-token prompts.
+    With quotas (0.5 each) the flood evicts noisy's own least recent prefixes and quiet's survives;
+    with both as one tenant under plain LRU the flood evicts it."""
+    cfg = tenants_file(tmp_path, [{"name": "quiet", "api_keys": ["q"]}, {"name": "noisy", "api_keys": ["n"]}])
+    kw: dict[str, Any] = {"tenants": cfg} if quotas else {}
+    eng = engine_factory(tiny_llama, max_total_tokens=640, **kw)
+    quiet, noisy = ("quiet", "noisy") if quotas else (None, None)
+    prompts = prompts_of([200] + [150] * 12, seed=2)
+    run(eng, prompts[0], quiet)
+    for p in prompts[1:]:
+        run(eng, p, noisy)
+    again = run(eng, prompts[0], quiet)["meta_info"]["cached_tokens"]
+    if quotas:
+        assert again == 199
+        stats = eng.worker.call(lambda s: s.ledger.snapshot(), timeout=30)
+        assert stats["noisy"]["evicted_tokens"] > 0 and stats["quiet"]["evicted_tokens"] == 0
+        assert stats["noisy"]["kv_tokens_held"] <= stats["noisy"]["kv_quota_tokens"] + 151
+    else:
+        assert again == 0
+
+
+def test_quota_gates_admission_under_contention(tiny_llama: Path, tmp_path: Path, engine_factory) -> None:
+    """With both tenants busy, noisy (quota 0.15: one request at a time) waits for memory instead of taking it, and every request
+    of both tenants finishes; the invariant holds at idle (engine_factory checks it)."""
+    cfg = tenants_file(tmp_path, [{"name": "quiet", "api_keys": ["q"], "kv_quota": 0.75},
+                                  {"name": "noisy", "api_keys": ["n"], "kv_quota": 0.15, "priority": -1}])  # fmt: skip
+    eng = engine_factory(tiny_llama, max_total_tokens=1024, tenants=cfg)
+    prompts = prompts_of([120] * 10, seed=3)
+
+    async def burst() -> list[Any]:
+        async def one(ids: list[int], tenant: str) -> Any:
+            params = {"temperature": 0, "max_new_tokens": 48 if tenant == "quiet" else 8, "ignore_eos": True}
+            out = None
+            async for item in eng.tokenizer_manager.generate(GenerateReqInput(input_ids=ids, sampling_params=params),
+                                                             tenant=tenant):  # fmt: skip
+                out = item
+            return out
+
+        return await asyncio.gather(*(one(p, "noisy" if i % 2 else "quiet") for i, p in enumerate(prompts)))
+
+    outs = asyncio.run_coroutine_threadsafe(burst(), eng._loop).result()
+    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+    stats = eng.worker.call(lambda s: s.ledger.snapshot(), timeout=30)
+    assert stats["noisy"]["quota_waits"] > 0
+    assert stats["noisy"]["requests"] == stats["quiet"]["requests"] == 5
