@@ -53,6 +53,7 @@ from frontend_lang.choices import (
     unconditional_likelihood_normalized,
 )
 from frontend_lang.errors import NestedRoleError, ProgramError
+from frontend_lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from frontend_lang.program import Program, global_config
 from frontend_lang.state import ProgramState, ProgramStateGroup
 from frontend_lang.tracer import ProgramGraph
@@ -70,6 +71,10 @@ __all__ = [
     "ProgramGraph",
     "ProgramState",
     "ProgramStateGroup",
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
     "Runtime",
     "RuntimeEndpoint",
     "assistant",

@@ -3,6 +3,11 @@
 ``s += expr`` only queues ``expr``; the executor's thread runs the queue in order, so the program keeps
 going until it reads a value (``s["name"]`` waits for that variable). Forked states have their own
 executors, which is what makes the branches of a ``fork`` run concurrently.
+
+The program function itself runs on its *driver* thread (the caller of ``run``, or a thread of its
+own with ``stream=True``) and may return long before its expressions have run. A reader on another
+thread first waits for the function to return (``ProgramRun``), so a value that the function has not
+queued yet is waited for, not reported missing.
 """
 
 from __future__ import annotations
@@ -40,6 +45,32 @@ class _Join(Expr):
         self.children, self.mode = children, mode
 
 
+class _Fail(Expr):
+    """Internal: the program function raised ``error`` after queuing what precedes this."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class ProgramRun:
+    """The run of one program function, shared by its state and the states forked off it: which
+    thread drives it and whether it has returned."""
+
+    def __init__(self) -> None:
+        self.driver: threading.Thread | None = None
+        self.returned = threading.Event()
+
+    def settled(self) -> bool:
+        """True when nothing more can be queued behind this thread's back: the function returned, or
+        this thread is the one running it."""
+        return self.returned.is_set() or threading.current_thread() is self.driver
+
+    def wait(self) -> None:
+        """Wait until the function has returned, unless this thread is the one running it."""
+        if threading.current_thread() is not self.driver:
+            self.returned.wait()
+
+
 class StreamExecutor:
     """Executes one program state's expressions in order on a background thread."""
 
@@ -74,41 +105,56 @@ class StreamExecutor:
         self.log: list[tuple[str | None, str]] = []
         self.finished = False
         self._children: list[StreamExecutor] = []  # forks, ended with this executor if never joined
+        self.program = ProgramRun()
+        self._closed = False  # end() was called: no more expressions
         self._queue: queue.Queue[Expr | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="frontend-executor", daemon=True)
         self._thread.start()
 
     # -- program side ---------------------------------------------------------------------------
     def submit(self, expr: Expr) -> None:
-        if self.finished:
+        if self._closed:
             raise RuntimeError("the program state has ended; it accepts no more expressions")
         for name in _produced(expr):
             self._events[name].clear()
         self._queue.put(expr)
 
     def sync(self) -> None:
-        """Wait until every queued expression has run."""
+        """Wait until the program function has returned (unless called from it) and every queued
+        expression has run."""
+        self.program.wait()
         self._queue.join()
 
-    def end(self) -> None:
-        """Run what is queued, then stop the thread."""
-        if not self.finished and self._thread.is_alive():
+    def wait_program(self) -> None:
+        """Wait until the program function has returned (unless called from it)."""
+        self.program.wait()
+
+    def program_failed(self, error: BaseException) -> None:
+        """The program function raised: record ``error`` once what it queued before has run."""
+        self._queue.put(_Fail(error))
+
+    def end(self, wait: bool = False) -> None:
+        """Accept no more expressions; the thread stops after running what is queued (``wait``: wait
+        for that). States forked off this one and never joined end too."""
+        if not self._closed:
+            self._closed = True
             self._queue.put(None)
-            self._thread.join()
-        self.finished = True
         for child in self._children:
             child.end()
+        if wait:
+            self._thread.join()
 
     def get_var(self, name: str) -> Any:
-        """The variable's value, waiting for the queued expression that produces it.
+        """The variable's value, waiting for the queued expression that produces it (and, from
+        another thread, for the program function to queue it).
 
         Raises ProgramError (chaining the cause) if the program failed first, KeyError if nothing
         queued produces it.
         """
         event = self._events[name]
         while not event.wait(0.05):
-            if self._queue.unfinished_tasks == 0 and not event.is_set():
-                break  # idle, and nothing queued will set it
+            if self.program.settled() and self._queue.unfinished_tasks == 0 and not event.is_set():
+                break  # idle, and nothing queued (or to be queued) will set it
         if name in self.variables:
             return self.variables[name]
         if self.error_ is not None:
@@ -171,6 +217,7 @@ class StreamExecutor:
             self._role_suffix,
         )
         child.fork_pos = len(self.text_)
+        child.program = self.program  # the branches are driven by this program's function
         for name in child.variables:
             child._events[name].set()
         return child
@@ -179,10 +226,18 @@ class StreamExecutor:
     def _loop(self) -> None:
         while True:
             expr = self._queue.get()
+            if expr is None:
+                with self.cond:
+                    self.finished = True
+                    for event in list(self._events.values()):
+                        event.set()
+                    self.cond.notify_all()
+                self._queue.task_done()
+                return
             try:
-                if expr is None:
-                    return
-                if self.error_ is None:
+                if isinstance(expr, _Fail):
+                    self.fail(expr.error)
+                elif self.error_ is None:
                     self._execute(expr)
                 else:  # skipped after a failure: nobody may wait for its variables
                     for name in _produced(expr):
@@ -191,12 +246,6 @@ class StreamExecutor:
                 self.fail(exc)
             finally:
                 self._queue.task_done()
-                if expr is None:
-                    with self.cond:
-                        self.finished = True
-                        for event in list(self._events.values()):
-                            event.set()
-                        self.cond.notify_all()
 
     def _append(self, text: str, var: str | None = None) -> None:
         if not text:
@@ -281,7 +330,7 @@ class StreamExecutor:
 
     def _join(self, expr: _Join) -> None:
         for child in expr.children:
-            child.end()
+            child.end(wait=True)
         failed = next((c.error_ for c in expr.children if c.error_ is not None), None)
         if failed is not None:
             raise failed

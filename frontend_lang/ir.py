@@ -10,6 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+# SGLang's named regexes (``sglang.lang.ir``), for ``gen(regex=REGEX_INT + ",")`` and the like; these
+# exact strings, so that programs written against them behave the same. (``dtype=`` uses DTYPE_REGEX.)
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
 # dtype -> regex of its textual form (the constraint is enforced by the runtime's grammar backend).
 DTYPE_REGEX: dict[str, str] = {
     "int": r"[-+]?(0|[1-9][0-9]*)",

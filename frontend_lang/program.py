@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,14 @@ from frontend_lang.chat_template import get_chat_template
 from frontend_lang.interpreter import StreamExecutor
 from frontend_lang.ir import GenParams
 from frontend_lang.state import ProgramState
-from frontend_lang.tracer import Placeholder, ProgramGraph, TracerExecutor, TracingStop
+from frontend_lang.tracer import (
+    Placeholder,
+    ProgramGraph,
+    TracerExecutor,
+    TracingStop,
+    current_tracer,
+    tracing,
+)
 
 if TYPE_CHECKING:
     from frontend_lang.backends.base import BaseBackend
@@ -28,6 +36,10 @@ class GlobalConfig:
 
 
 global_config = GlobalConfig()
+
+# The backend of the program whose function runs in this context: a program called from inside
+# another one (without backend=) runs on the caller's backend.
+_RUNNING_BACKEND: ContextVar[Any] = ContextVar("frontend_lang_running_backend", default=None)
 
 
 def resolve_backend(backend: Any) -> BaseBackend:
@@ -106,11 +118,25 @@ class Program:
         return run, kwargs
 
     def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
-        """Run once. Keywords named like ``gen``'s sampling settings (``max_new_tokens``, ``temperature``,
-        ``stop``, ...) are defaults for every ``gen``; the rest are the program's arguments. With
-        ``stream`` it returns at once and the program runs on a thread (read ``state.text_iter()``).
-        An exception raised by the program or a backend is in ``state.error()``."""
+        """Start one run and return its state without waiting for the generations (SGLang's way).
+
+        Keywords named like ``gen``'s sampling settings (``max_new_tokens``, ``temperature``, ``stop``,
+        ...) are defaults for every ``gen``; the rest are the program's arguments. The function runs
+        here until it returns (``s += ...`` only queues; reading a value inside it waits for that
+        value); with ``stream`` it runs on a thread of its own and ``run`` returns at once (read
+        ``state.text_iter()``). Reading the state (``state["var"]``, ``text()``, ``sync()``,
+        ``error()``, ``ret_value``) waits for what it reads. An exception raised by the program or a
+        backend is in ``state.error()``; reading a variable it kept from being set raises ProgramError.
+
+        Called from a running program without ``backend``, it runs on that program's backend; called
+        from a program being traced, it is traced (no request is sent).
+        """
+        tracer = current_tracer()
+        if tracer is not None:
+            return self._trace_call(tracer, args, kwargs)
         run_kw, arguments = self._split(dict(kwargs))
+        if backend is None:
+            backend = _RUNNING_BACKEND.get()
         return self._launch(resolve_backend(backend), args, arguments, default_params(**run_kw), stream)
 
     def _launch(
@@ -126,13 +152,16 @@ class Program:
         state = ProgramState(executor)
 
         def body() -> None:
+            executor.program.driver = threading.current_thread()
+            token = _RUNNING_BACKEND.set(backend)
             try:
                 executor.ret_value = self.func(state, *args, **arguments)
             except Exception as exc:  # noqa: BLE001 - surfaced through state.error()
-                executor.sync()  # what the program queued before it failed still runs
-                executor.fail(exc)
+                executor.program_failed(exc)  # what the program queued before it failed still runs
             finally:
+                _RUNNING_BACKEND.reset(token)
                 executor.end()
+                executor.program.returned.set()
 
         if stream:
             threading.Thread(target=body, name=f"program-{self.__name__}", daemon=True).start()
@@ -153,7 +182,10 @@ class Program:
 
         The program is traced first: the text every run starts with is cached once (one prefill-only
         request) before the runs start. ``num_threads="auto"`` runs up to 64 programs at a time.
+        Unlike ``run``, it returns when every run has finished.
         """
+        if current_tracer() is not None:
+            raise TracingStop(f"{self.__name__}.run_batch is not traced")
         backend_ = resolve_backend(backend)
         unknown = set(run_kwargs) - _RUN_KEYS
         if unknown:
@@ -177,11 +209,14 @@ class Program:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(batch_kwargs), desc=self.__name__)
+
+        def run_one(kw: dict[str, Any]) -> ProgramState:
+            state = self._launch(backend_, (), dict(kw), params, False)
+            state.sync()
+            return state
+
         with ThreadPoolExecutor(workers, thread_name_prefix="run-batch") as pool:
-            futures = {
-                pool.submit(self._launch, backend_, (), dict(kw), params, False): i
-                for i, kw in enumerate(batch_kwargs)
-            }
+            futures = {pool.submit(run_one, kw): i for i, kw in enumerate(batch_kwargs)}
             for fut in as_completed(futures):
                 states[futures[fut]] = fut.result()
                 if bar is not None:
@@ -205,7 +240,8 @@ class Program:
                 graph.producers[f"arg:{name}"] = graph.add_node("argument", 0, None, name=name).id
         executor = TracerExecutor(graph, template)
         try:
-            executor.ret_value = self.func(ProgramState(executor), **arguments)  # type: ignore[arg-type]
+            with tracing(executor):
+                executor.ret_value = self.func(ProgramState(executor), **arguments)  # type: ignore[arg-type]
             graph.complete = True
         except TracingStop as exc:
             graph.stopped_by = str(exc)
@@ -213,3 +249,18 @@ class Program:
             graph.stopped_by = f"{type(exc).__name__}: {exc}"
         graph.prefix_open = False
         return graph
+
+    def _trace_call(
+        self, caller: TracerExecutor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ProgramState:
+        """This program called (``run`` or ``()``) from one being traced: trace it into the caller's
+        graph and return its traced state (its variables are placeholders)."""
+        _, arguments = self._split(dict(kwargs))
+        executor = caller.call(self.__name__)
+        with tracing(executor):
+            executor.ret_value = self.func(
+                ProgramState(executor),  # type: ignore[arg-type]
+                *args,
+                **{**self.bind_arguments, **arguments},
+            )
+        return ProgramState(executor)  # type: ignore[arg-type]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
-from frontend_lang.ir import Expr, RoleBegin, RoleEnd, to_expr
+from frontend_lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, to_expr
 
 
 class Executor(Protocol):
@@ -20,6 +21,7 @@ class Executor(Protocol):
 
     def submit(self, expr: Expr) -> None: ...
     def sync(self) -> None: ...
+    def wait_program(self) -> None: ...
     def get_var(self, name: str) -> Any: ...
     def set_var(self, name: str, value: Any) -> None: ...
     def fork(self, size: int) -> list[Any]: ...
@@ -51,6 +53,13 @@ class ProgramState:
 
     def assistant(self, expr: object = None) -> None:
         self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """``with s.var_scope("name"):`` stores the text appended inside the block in variable ``name``."""
+        self.executor.submit(VarScopeBegin(name))
+        yield
+        self.executor.submit(VarScopeEnd(name))
 
     # -- reading --------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
@@ -92,10 +101,12 @@ class ProgramState:
 
     @property
     def ret_value(self) -> Any:
-        """What the program function returned."""
+        """What the program function returned (waits for it to return)."""
+        self.executor.wait_program()
         return self.executor.ret_value
 
     def sync(self) -> None:
+        """Wait until the program has finished (everything it queued has run)."""
         self.executor.sync()
 
     # -- fork -----------------------------------------------------------------------------------
@@ -143,15 +154,25 @@ class ProgramState:
 
 
 class ProgramStateGroup(list[ProgramState]):
-    """The branches of a fork; ``group += expr`` appends to every branch."""
+    """The branches of a fork. ``group += expr`` appends ``expr`` to every branch; ``group += f``
+    (a callable) appends ``f(i)`` to branch ``i``; ``group += [e0, e1, ...]`` (a list or tuple with one
+    item per branch) appends item ``i`` to branch ``i``."""
 
     def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
         super().__init__(states)
         self.parent = parent
 
     def __iadd__(self, other: object) -> ProgramStateGroup:  # type: ignore[override,misc]
-        for state in self:
-            state += other
+        if isinstance(other, list | tuple):
+            if len(other) != len(self):
+                raise ValueError(f"fork group += sequence: {len(other)} items for {len(self)} branches")
+            items = list(other)
+        elif callable(other) and not isinstance(other, Expr):
+            items = [other(i) for i in range(len(self))]
+        else:
+            items = [other] * len(self)
+        for state, item in zip(self, items, strict=True):
+            state += item
         return self
 
     def join(self, mode: str = "gather_variable") -> None:

@@ -5,11 +5,17 @@ a marker, so text that depends on it is recorded with a data edge; anything else
 one (branching on it, calling its methods) stops the trace there. The graph's ``prefix`` is the text
 every run of the program starts with (before the first argument or generated value): ``run_batch``
 caches it once for the whole batch.
+
+A program called from a program being traced is traced too, into a new stream of the same graph
+(a ``call`` edge leads there): tracing never sends a request.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -32,6 +38,25 @@ _MARKER = re.compile("\x00(arg|var):([^\x00]*)\x00")
 
 class TracingStop(Exception):
     """The program used a placeholder in a way tracing cannot follow."""
+
+
+# The executor of the program being traced in this context (a thread starts outside any trace).
+_TRACING: ContextVar[TracerExecutor | None] = ContextVar("frontend_lang_tracing", default=None)
+
+
+def current_tracer() -> TracerExecutor | None:
+    """The tracer of the program being traced here, or None when nothing is being traced."""
+    return _TRACING.get()
+
+
+@contextmanager
+def tracing(executor: TracerExecutor) -> Iterator[None]:
+    """Mark ``executor``'s program as the one being traced while the block runs."""
+    token = _TRACING.set(executor)
+    try:
+        yield
+    finally:
+        _TRACING.reset(token)
 
 
 class Placeholder:
@@ -75,8 +100,9 @@ class Placeholder:
 @dataclass(slots=True)
 class Node:
     """One step of a program: ``kind`` is argument, text, gen, select, role_begin, role_end,
-    var_scope_begin, var_scope_end, set_var, fork or join; ``stream`` 0 is the main state, forked
-    branches get new stream ids."""
+    var_scope_begin, var_scope_end, set_var, fork, branch, join, call (another program called from
+    this one) or program (the first node of a called program's stream); ``stream`` 0 is the main
+    state, forked branches and called programs get new stream ids."""
 
     id: int
     kind: str
@@ -87,8 +113,9 @@ class Node:
 
 
 class Edge(NamedTuple):
-    """``seq``: program order within a stream; ``fork``/``join``: across streams; ``data``: the
-    destination's text uses the source's argument or variable."""
+    """``seq``: program order within a stream; ``fork``/``join``: across streams; ``call``: from a
+    ``call`` node to the called program's stream; ``data``: the destination's text uses the source's
+    argument or variable."""
 
     src: int
     dst: int
@@ -149,8 +176,11 @@ class ProgramGraph:
 class TracerExecutor:
     """Records expressions into a ``ProgramGraph`` instead of running them."""
 
-    def __init__(self, graph: ProgramGraph, chat_template: ChatTemplate, stream: int = 0) -> None:
+    def __init__(
+        self, graph: ProgramGraph, chat_template: ChatTemplate, stream: int = 0, namespace: str = ""
+    ) -> None:
         self.graph, self.chat_template, self.stream = graph, chat_template, stream
+        self.namespace = namespace  # prefixes the variable names of a called program (``name#node.``)
         self.text_ = ""
         self.messages_: list[dict[str, str]] = []
         self.variables: dict[str, Any] = {}
@@ -180,8 +210,8 @@ class TracerExecutor:
         self.graph.prefix_open = self.graph.prefix_open and self.stream != 0
         node = self._node(kind, name=name, detail=detail)
         if name is not None:
-            self.graph.producers[f"var:{name}"] = node.id
-            self.variables[name] = Placeholder("var", name)
+            self.graph.producers[f"var:{self.namespace}{name}"] = node.id
+            self.variables[name] = Placeholder("var", self.namespace + name)
             self.text_ += self.variables[name].marker
 
     def submit(self, expr: Expr) -> None:
@@ -216,22 +246,38 @@ class TracerExecutor:
     def sync(self) -> None:
         pass
 
+    def wait_program(self) -> None:
+        pass
+
     def get_var(self, name: str) -> Any:
-        return self.variables.get(name, Placeholder("var", name))
+        return self.variables.get(name, Placeholder("var", self.namespace + name))
 
     def set_var(self, name: str, value: Any) -> None:
         self.variables[name] = value
         node = self._node("set_var", name=name)
-        self.graph.producers[f"var:{name}"] = node.id
+        self.graph.producers[f"var:{self.namespace}{name}"] = node.id
+
+    def _new_stream(self) -> int:
+        return 1 + max(n.stream for n in self.graph.nodes)
+
+    def call(self, program_name: str) -> TracerExecutor:
+        """Record that this program calls another one; the executor that traces the callee (in a
+        new stream, its variables scoped so they do not collide with the caller's)."""
+        call = self._node("call", name=program_name)
+        callee = TracerExecutor(
+            self.graph, self.chat_template, self._new_stream(), namespace=f"{program_name}#{call.id}."
+        )
+        head = callee._node("program", name=program_name)
+        call.detail["stream"] = callee.stream
+        self.graph.edges.append(Edge(call.id, head.id, "call"))
+        return callee
 
     def fork(self, size: int) -> list[TracerExecutor]:
         self.graph.prefix_open = self.graph.prefix_open and self.stream != 0
         fork = self._node("fork", detail={"size": size})
         children = []
         for _ in range(size):
-            child = TracerExecutor(
-                self.graph, self.chat_template, 1 + max(n.stream for n in self.graph.nodes)
-            )
+            child = TracerExecutor(self.graph, self.chat_template, self._new_stream(), self.namespace)
             child.text_, child.messages_, child.variables = (
                 self.text_,
                 list(self.messages_),
@@ -253,4 +299,4 @@ class TracerExecutor:
         names = dict.fromkeys(n for c in children for n in c.variables if n not in self.variables)
         for name in names:
             self.variables[name] = [c.variables[name] for c in children]
-            self.graph.producers[f"var:{name}"] = join.id
+            self.graph.producers[f"var:{self.namespace}{name}"] = join.id

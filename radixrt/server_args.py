@@ -54,6 +54,11 @@ class ServerArgs:
     cuda_graph_max_bs: int = 64
     # Multi-tenancy: a JSON file of tenants (radixrt/tenants.py documents the schema).
     tenants: str | None = None
+    # Tensor parallelism on torch.distributed (SGLang's names): gloo on cpu, NCCL on cuda.
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous (default: a free local port)
     # Speculative decoding (SGLang's names): n-gram / prompt-lookup drafts, no draft model.
     speculative_algorithm: str | None = None  # "NGRAM" or None (off)
     speculative_num_draft_tokens: int = 4  # max draft tokens per request per step
@@ -90,6 +95,12 @@ class ServerArgs:
             raise ValueError(f"compile_max_bs: must be >= 1, got {self.compile_max_bs}")
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} not in {DEVICES} (or cuda:N)")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size: must be >= 1, got {self.tp_size}")
+        if self.nnodes < 1 or self.tp_size % self.nnodes:
+            raise ValueError(f"nnodes: {self.nnodes} must be >= 1 and divide tp_size {self.tp_size}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank: {self.node_rank} not in [0, nnodes={self.nnodes})")
         if self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs: must be >= 1, got {self.cuda_graph_max_bs}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:

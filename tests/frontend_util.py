@@ -129,9 +129,10 @@ def check_select_cache(backend: Any) -> dict[str, float]:
         assert backend.flush_cache()
         c0 = counters(backend)
         s = pick.run(method="token_length_normalized", backend=backend)
+        s.sync()  # run() returns before the program's requests finish
         cold = delta(c0, counters(backend))
         c1 = counters(backend)
-        pick.run(method="token_length_normalized", backend=backend)
+        pick.run(method="token_length_normalized", backend=backend).sync()
         warm = delta(c1, counters(backend))
     finally:
         del backend._call
@@ -153,6 +154,7 @@ def check_fork_cache(backend: Any) -> dict[str, float]:
     assert backend.flush_cache()
     c0 = counters(backend)
     s = tree.run(q="Why is the sea salty?", backend=backend)
+    s.sync()
     d = delta(c0, counters(backend))
     assert s.error() is None and len(s["o"]) == 3
     assert d["num_requests"] == 1 + 3  # the prefill-only commit, then the branches

@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from kernels.base import AttentionMetadata, ForwardMode, get_backend_class
+from radixrt.distributed.tensor_parallel import check_divisible, shard_model
+from radixrt.distributed.tp_group import TPGroup, init_group, ranks_of_node
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.kv_pool import KVPool
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
@@ -39,8 +42,9 @@ class ForwardInput:
 class ModelRunner:
     """Loads the checkpoint and sizes the KV pool; ``forward`` runs the model on a ForwardInput."""
 
-    def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
+    def __init__(self, args: ServerArgs, model_path: str | Path, tp_rank: int = 0) -> None:
         self.args = args
+        self.tp_rank = tp_rank
         self.device = resolve_device(args.device)
         self.config = ModelConfig.from_dir(model_path, dtype=resolve_dtype(args.dtype, self.device))
         cfg = self.config
@@ -55,19 +59,27 @@ class ModelRunner:
         torch.manual_seed(args.random_seed)
         self.model = load_model(model_path, cfg, self.device)
         gguf_file = gguf_source(model_path)
-        self.quantization = resolve_quantization(args.quantization, gguf_file)
-        apply_quantization(self.model, self.quantization, Path(model_path), gguf_file)
-        per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+        self.tp: TPGroup | None = None
+        tp = args.tp_size
+        if tp > 1:
+            self.quantization = self._init_tensor_parallel(model_path, gguf_file)
+        else:
+            self.quantization = resolve_quantization(args.quantization, gguf_file)
+            apply_quantization(self.model, self.quantization, Path(model_path), gguf_file)
+        kv_heads = cfg.num_kv_heads // tp
+        per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, cfg.dtype)
         if args.max_total_tokens is not None:
             num_slots = args.max_total_tokens
         else:
             num_slots = kv_budget_bytes(self.device, args.mem_fraction_static) // per_token
             num_slots = max(min(num_slots, 1 << 22), 4 * self.context_len)
+        if tp > 1:  # every rank sizes its pool shard like rank 0's
+            box = [num_slots]
+            dist.broadcast_object_list(box, src=0)
+            num_slots = box[0]
         ps = args.page_size
         num_slots = (num_slots + ps) // ps * ps  # one extra page for the reserved padding page
-        self.kv_pool = KVPool(
-            num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
-        )
+        self.kv_pool = KVPool(num_slots, cfg.num_layers, kv_heads, cfg.head_dim, cfg.dtype, self.device)
         # NOTE: slot bookkeeping (free lists, the request -> slot table, the RadixCache's slots) stays on
         # the host on every device: metadata is built there and copied once per forward.
         self.allocator = TokenSlotAllocator(num_slots, ps)
@@ -76,15 +88,19 @@ class ModelRunner:
         backend_cls = get_backend_class(self.attention_backend)
         self.backend = backend_cls(
             self.kv_pool,
-            cfg.num_heads,
-            cfg.num_kv_heads,
+            cfg.num_heads // tp,
+            kv_heads,
             cfg.head_dim,
             cfg.head_dim**-0.5,
             cfg.sliding_window,
         )
         self.graph_runner: DecodeGraphRunner | None = None
         self.cuda_graph_runner: CudaGraphRunner | None = None
-        if self.device.type == "cuda":
+        if tp > 1:
+            logger.info(
+                "tensor parallel rank %d/%d: decode runs eagerly (no compile or CUDA graphs)", tp_rank, tp
+            )
+        elif self.device.type == "cuda":
             self._init_cuda_graphs()
         elif not args.disable_compile:
             self.graph_runner = DecodeGraphRunner(self.model, self.backend, args.compile_max_bs)
@@ -99,6 +115,30 @@ class ModelRunner:
             self.kv_pool.size_bytes / 2**20,
             ps,
         )
+
+    def _init_tensor_parallel(self, model_path: str | Path, gguf_file: Path | None) -> str:
+        """Join the group (rank 0 starts the followers first) and keep this rank's shard."""
+        args = self.args
+        if args.quantization not in (None, "none"):
+            raise ValueError(f"quantization: {args.quantization!r} with tp_size > 1; tensor parallelism runs "
+                             "unquantized weights (--quantization none)")  # fmt: skip
+        if gguf_file is not None:
+            logger.info("tensor parallel: the GGUF weights run dequantized (quantization none)")
+        cfg = self.config
+        check_divisible(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, args.tp_size)
+        if self.tp_rank == 0:
+            torch.set_num_threads(max(1, torch.get_num_threads() // len(ranks_of_node(args))))
+            self.tp = TPGroup(args, str(model_path))
+        else:
+            init_group(args, self.tp_rank)
+        shard_model(self.model, self.tp_rank, args.tp_size)
+        return "none"
+
+    def close(self) -> None:
+        """Stop the tensor-parallel followers (rank 0); nothing to do otherwise."""
+        if self.tp is not None:
+            self.tp.close()
+            self.tp = None
 
     def _init_cuda_graphs(self) -> None:
         if self.args.disable_cuda_graph:
@@ -182,17 +222,19 @@ class ModelRunner:
         ids = torch.tensor(fi.input_ids, dtype=torch.int64)
         if self.cuda_graph_runner is not None and bucket is not None:
             hidden = self.cuda_graph_runner.forward(ids, fi.positions, md)[:bs]
-            return torch.argmax(self.model.logits(hidden), dim=-1) if greedy else hidden
+            return torch.argmax(self.logits(hidden), dim=-1) if greedy else hidden
         if self.device.type != "cpu":
             md = md.to(self.device)
             ids = ids.pin_memory().to(self.device, non_blocking=True)
         positions = fi.positions.to(self.device, non_blocking=True)
+        if self.tp is not None:
+            self.tp.forward(md, ids, positions)
         self.backend.init_forward_metadata(md)
         if self.graph_runner is not None and bucket is not None:
             run = self.graph_runner.forward_greedy if greedy else self.graph_runner.forward
             return run(ids, positions, md)[:bs]
         hidden = self.model(ids, positions, self.backend, md)
-        return torch.argmax(self.model.logits(hidden), dim=-1) if greedy else hidden
+        return torch.argmax(self.logits(hidden), dim=-1) if greedy else hidden
 
     def _pad_decode(self, fi: ForwardInput, bucket: int) -> ForwardInput:
         """``fi`` with rows appended up to ``bucket``: token 0 at position 0 on the all-zero padding row."""
@@ -216,4 +258,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.tp is not None:
+            self.tp.logits(hidden)
         return self.model.logits(hidden)

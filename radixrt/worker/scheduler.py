@@ -95,11 +95,14 @@ class Scheduler(OutputMixin):
     # -- loop -----------------------------------------------------------------------------------
     def run_forever(self, inbox: Inbox, should_stop: Callable[[], bool]) -> None:
         """Poll, step, repeat; block on the inbox while idle."""
-        while not should_stop():
-            msgs = inbox.poll(block=self.is_idle())
-            for msg in msgs:
-                self.handle(msg)
-            self.step()
+        try:
+            while not should_stop():
+                msgs = inbox.poll(block=self.is_idle())
+                for msg in msgs:
+                    self.handle(msg)
+                self.step()
+        finally:
+            self.runner.close()
 
     def is_idle(self) -> bool:
         return not (self.waiting or self.running or self.chunked or self.grammar_waiting or self.jumped)
