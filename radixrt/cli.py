@@ -9,7 +9,7 @@ import sys
 USAGE = """usage: radixrt <command> [args]
 
 commands:
-  serve   start the HTTP server (flags: radixrt serve --help)
+  serve   start the HTTP server (flags: radixrt serve --help; --dp-size N: N servers behind sglang-router)
   demo    run the demo (radixrt demo --help)
 """
 

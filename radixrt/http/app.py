@@ -27,6 +27,7 @@ from radixrt.http.errors import (
     worker_dead,
 )
 from radixrt.http.openai_api import build_openai_router
+from radixrt.http.sglang_compat import normalize_generate
 from radixrt.http.streaming import (
     CLIENT_CLOSED,
     DONE,
@@ -43,51 +44,19 @@ from radixrt.protocol import FlushCacheReq
 from radixrt.tokenizer_manager import WorkerDeadError
 
 HEALTH_GENERATE_TIMEOUT_S = 30.0
-SGLANG_UNSUPPORTED_SAMPLING = ("stop_regex", "custom_params")
 
 
 class GenerateBody(GenerateReqInput, forbid_unknown_fields=True, kw_only=True):
-    """The JSON body of POST /generate: ``GenerateReqInput`` plus SGLang fields refused unless unset."""
-
-    # accepted for compatibility with SGLang clients, but only at their "off" values
-    image_data: Any = None
-    lora_path: Any = None
-    custom_logit_processor: Any = None
-    return_hidden_states: bool = False
-    log_metrics: bool = True
-    modalities: list[str] | None = None
+    """The JSON body of POST /generate once ``normalize_generate`` dropped SGLang's neutral fields."""
 
     def to_request(self) -> GenerateReqInput:
-        for name in ("image_data", "lora_path", "custom_logit_processor"):
-            if getattr(self, name) not in (None, [], ""):
-                raise APIError(400, f"{name}: not supported by this server", param=name)
-        if self.return_hidden_states:
-            raise APIError(
-                400, "return_hidden_states: not supported by this server", param="return_hidden_states"
-            )
         if (self.text is None) == (self.input_ids is None):
             raise APIError(400, "text: give exactly one of `text` and `input_ids`", param="text")
-        for params in (
-            self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
-        ):
-            _drop_unset_extensions(params)
         if isinstance(self.text, list) and not self.text or self.input_ids == []:
             raise APIError(
                 400, "text: the batch is empty", param="text" if self.text is not None else "input_ids"
             )
         return self
-
-
-def _drop_unset_extensions(params: dict[str, Any] | None) -> None:
-    """SGLang clients send sampling fields radixrt lacks at their "off" value (the frontend always
-    sends ``stop_regex: []``): drop those, refuse them when set."""
-    if not params:
-        return
-    for name in SGLANG_UNSUPPORTED_SAMPLING:
-        if name in params:
-            if params[name] not in (None, [], ""):
-                raise APIError(400, f"{name}: not supported by this server", param=name)
-            del params[name]
 
 
 class APIKeyMiddleware:
@@ -152,6 +121,10 @@ def build_app(ctx: ServerContext) -> FastAPI:
     async def get_server_info() -> Response:
         return JSONResponse(await ctx.server_info())
 
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        return JSONResponse(await ctx.load())
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         out = await asyncio.wait_for(ctx.tm.control_request(FlushCacheReq()), 30)
@@ -169,7 +142,9 @@ def build_app(ctx: ServerContext) -> FastAPI:
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        obj = convert(await read_json(request), GenerateBody).to_request()
+        body = await read_json(request)
+        normalize_generate(body)
+        obj = convert(body, GenerateBody).to_request()
         agen = ctx.tm.generate(obj)
         try:
             first = await first_or_final(request, agen, obj.stream)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -60,13 +62,19 @@ class ServerContext:
         return self.info.context_len
 
     def model_info(self) -> dict[str, Any]:
-        """/get_model_info (the SGLang frontend reads ``model_path``)."""
+        """/model_info in SGLang's shape (its frontend reads ``model_path``, bench_serving
+        ``tokenizer_path``, sglang-router ``model_type`` and ``architectures``) plus radixrt's facts."""
         i = self.info
         return {
             "model_path": self.model_path,
             "tokenizer_path": self.args.tokenizer_path or self.model_path,
             "served_model_name": self.model_name,
             "is_generation": True,
+            "model_type": _model_type(self.model_path),
+            "architectures": [i.architecture],
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "preferred_sampling_params": None,
             "architecture": i.architecture,
             "dtype": i.dtype,
             "context_length": i.context_len,
@@ -84,12 +92,18 @@ class ServerContext:
             raise WorkerDeadError(f"the worker did not answer within {STATS_TIMEOUT_S:.0f}s") from None
 
     async def server_info(self) -> dict[str, Any]:
-        """/get_server_info: settings, model facts, worker stats and the KV invariant check."""
+        """/server_info: settings, model facts, worker stats and the KV invariant check; SGLang's keys
+        (``served_model_name``, ``dp_size``, ``max_total_num_tokens``, ``internal_states``) included."""
         stats = await self.worker_stats()
         settings = self.args.to_dict()
         settings["api_key"] = None if settings.get("api_key") is None else "<set>"
+        spec = stats.stats.get("spec_accept_length") if self.args.speculative_algorithm else None
         return {
             **settings,
+            "served_model_name": self.model_name,
+            "dp_size": 1,  # this server is one data-parallel rank (`--dp-size N` runs N of them)
+            "max_total_num_tokens": self.info.kv_total_tokens,
+            "internal_states": [{"avg_spec_accept_length": spec}],
             "version": __version__,
             "model_path": self.model_path,
             "model_info": self.model_info(),
@@ -101,6 +115,19 @@ class ServerContext:
             "kv_invariant_message": stats.message,
         }
 
+    async def load(self) -> list[dict[str, int]]:
+        """/get_load as SGLang serves it (one entry per DP rank; sglang-router reads ``num_tokens``)."""
+        s = (await self.worker_stats()).stats
+        running, waiting = int(s.get("num_running_reqs", 0)), int(s.get("num_queue_reqs", 0))
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": running + waiting,
+                "num_waiting_reqs": waiting,
+                "num_tokens": int(s.get("kv_used_tokens", 0)),
+            }
+        ]
+
     def startup_summary(self) -> str:
         i = self.info
         return (
@@ -111,3 +138,11 @@ class ServerContext:
 
     def shutdown(self) -> None:
         self.client.shutdown()
+
+
+def _model_type(model_path: str) -> str | None:
+    """``model_type`` of the checkpoint's config.json (None when it has none)."""
+    try:
+        return str(json.loads((Path(model_path) / "config.json").read_text())["model_type"])
+    except (OSError, ValueError, KeyError):
+        return None

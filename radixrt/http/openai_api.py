@@ -22,6 +22,7 @@ from radixrt.http.openai_protocol import (
     chat_prompt_ids,
     completion_prompts,
 )
+from radixrt.http.sglang_compat import CHAT_FIELDS, COMPLETION_FIELDS, strip_neutral
 from radixrt.http.streaming import (
     CLIENT_CLOSED,
     DONE,
@@ -66,7 +67,9 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = convert(await read_json(request), CompletionRequest)
+        body = await read_json(request)
+        strip_neutral(body, COMPLETION_FIELDS)
+        req = convert(body, CompletionRequest)
         req.check()
         prompts = completion_prompts(ctx.tokenizer, req.prompt)
         max_new = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
@@ -94,7 +97,9 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = convert(await read_json(request), ChatCompletionRequest)
+        body = await read_json(request)
+        strip_neutral(body, CHAT_FIELDS)
+        req = convert(body, ChatCompletionRequest)
         req.check()
         ids = chat_prompt_ids(ctx.tokenizer, req)
         if len(ids) >= ctx.context_len:

@@ -78,6 +78,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ebnf: str | None = None
     cache_salt: str | None = None
     rid: str | None = None
+    response_format: ResponseFormat | None = None
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """The SGLang-named sampling parameters (validated later by the TokenizerManager)."""
@@ -96,6 +97,23 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def apply_response_format(self) -> None:
+        """``response_format`` -> ``json_schema`` (SGLang accepts it on both routes)."""
+        fmt = self.response_format
+        if fmt is None:
+            return
+        if fmt.type == "json_schema":
+            schema = (fmt.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise APIError(
+                    400, "response_format: json_schema.schema must be an object", param="response_format"
+                )
+            self.json_schema = json.dumps(schema)
+        elif fmt.type == "json_object":
+            self.json_schema = json.dumps({"type": "object"})
+        elif fmt.type != "text":
+            raise APIError(400, f"response_format: unknown type {fmt.type!r}", param="response_format")
+
 
 class CompletionRequest(_Sampling, kw_only=True):
     """POST /v1/completions (``max_tokens`` defaults to 16, as OpenAI's)."""
@@ -113,6 +131,7 @@ class CompletionRequest(_Sampling, kw_only=True):
             raise APIError(400, "best_of: only best_of == n is supported", param="best_of")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise APIError(400, f"logprobs: must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
+        self.apply_response_format()
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -139,7 +158,6 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -153,19 +171,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
                 raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
             if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
                 raise APIError(400, f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
-        fmt = self.response_format
-        if fmt is not None:
-            if fmt.type == "json_schema":
-                schema = (fmt.json_schema or {}).get("schema")
-                if not isinstance(schema, dict):
-                    raise APIError(
-                        400, "response_format: json_schema.schema must be an object", param="response_format"
-                    )
-                self.json_schema = json.dumps(schema)
-            elif fmt.type == "json_object":
-                self.json_schema = json.dumps({"type": "object"})
-            elif fmt.type != "text":
-                raise APIError(400, f"response_format: unknown type {fmt.type!r}", param="response_format")
+        self.apply_response_format()
 
 
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, req: ChatCompletionRequest) -> list[int]:
