@@ -10,6 +10,7 @@ USAGE = """usage: radixrt <command> [args]
 
 commands:
   serve   start the HTTP server (flags: radixrt serve --help; --dp-size N: N servers behind sglang-router)
+          (--tp-size N --nnodes M --node-rank R > 0: only this node's tensor-parallel ranks, no HTTP)
   demo    run the demo (radixrt demo --help)
 """
 

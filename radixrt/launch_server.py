@@ -7,6 +7,10 @@ SIGTERM stop both processes and remove the ipc socket files.
 ``--dp-size N`` (N > 1) instead supervises N such servers on consecutive ports and the real sglang-router
 (``python -m sglang_router.launch_router``) in front of them on ``--port``; a stop signal, or the exit of
 any of them, stops them all.
+
+Tensor parallelism over several nodes (``--tp-size N --nnodes M --dist-init-addr HOST:PORT``, the same
+flags on every node): node 0 (``--node-rank 0``) serves as above; on the other nodes this command runs
+only that node's tensor-parallel ranks, in the foreground, until rank 0 stops them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import uvicorn
 from radixrt import __version__
 from radixrt.http.app import build_app
 from radixrt.http.context import ServerContext
+from radixrt.models.resolve import resolve_model
 from radixrt.server_args import ServerArgs
 from radixrt.zmq_client import WorkerStartupError
 
@@ -52,9 +57,9 @@ def build_parser(prog: str = "python -m radixrt.launch_server") -> argparse.Argu
     return parser
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, tag: str = "http") -> None:
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s [http] %(levelname)s %(name)s: %(message)s", force=True
+        level=level.upper(), format=f"%(asctime)s [{tag}] %(levelname)s %(name)s: %(message)s", force=True
     )
 
 
@@ -305,14 +310,55 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+# --- launch checks; tensor parallelism over several nodes: the ranks of the nodes other than node 0 ---
+
+
+def check_launch_args(args: ServerArgs) -> None:
+    """What one launch cannot run, as a ValueError naming the flag (ServerArgs checks each flag alone)."""
+    if args.nnodes > 1 and args.dist_init_addr is None:
+        raise ValueError("dist_init_addr: --nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
+    if args.dp_size > 1 and args.tp_size > 1 and args.dist_init_addr is not None:
+        # NOTE: dp_server_flags would hand every server the same rendezvous: the second server's ranks
+        # would join the first one's group. Without the flag each server picks a free local port.
+        raise ValueError(
+            f"dist_init_addr: --dp-size {args.dp_size} with --tp-size {args.tp_size} would give every "
+            "data-parallel server the same rendezvous address; drop --dist-init-addr (each server then "
+            "picks a free local port)"
+        )
+
+
+def launch_node_followers(args: ServerArgs) -> int:
+    """``--node-rank R`` (R > 0): this node's tensor-parallel ranks in the foreground, no HTTP server;
+    returns 0 once rank 0 (node 0's server) stopped them or a stop signal arrived."""
+    setup_logging(args.log_level, f"node {args.node_rank}")
+    from radixrt.distributed.tp_group import ranks_of_node, run_node_followers
+
+    try:
+        model_path = resolve_model(args.model_path).path
+    except (FileNotFoundError, ValueError) as exc:
+        logger.error("startup failed: %s", exc)
+        return 1
+    logger.info(
+        "radixrt %s node %d of %d: tensor-parallel ranks %s of %d, rank 0 at %s (model %s)",
+        __version__, args.node_rank, args.nnodes, ranks_of_node(args), args.tp_size, args.dist_init_addr,
+        model_path,
+    )  # fmt: skip
+    code = run_node_followers(args, model_path)
+    logger.info("node %d: ranks stopped (exit code %d)", args.node_rank, code)
+    return code
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m radixrt.launch_server") -> int:
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
     try:
         args = ServerArgs.from_cli(ns)
+        check_launch_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    return launch_dp(args) if args.dp_size > 1 else launch_server(args)
+    if args.dp_size > 1:
+        return launch_dp(args)
+    return launch_node_followers(args) if args.node_rank > 0 else launch_server(args)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import threading
 import time
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 import torch
@@ -134,14 +136,28 @@ def follow(runner: Any) -> None:
 
 
 def run_node_followers(args: ServerArgs, model_path: str) -> int:
-    """``--node-rank > 0``: run this node's followers in the foreground until rank 0 stops them."""
+    """``--node-rank > 0``: run this node's followers in the foreground until rank 0 stops them.
+
+    Returns 0 when they stopped on rank 0's command or on SIGTERM / SIGINT here (which ends them), else
+    the worst exit code. The followers exit on their own if this process dies."""
     ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(target=follower_main, args=(args.to_dict(), model_path, r, None))
+        ctx.Process(target=follower_main, args=(args.to_dict(), model_path, r, os.getpid()))
         for r in ranks_of_node(args)
     ]
+    stopped = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
     for p in procs:
         p.start()
     for p in procs:
         p.join()
-    return max((p.exitcode or 0) for p in procs)
+    return 0 if stopped.is_set() else max(abs(p.exitcode or 0) for p in procs)
