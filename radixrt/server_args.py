@@ -13,7 +13,10 @@ EVICTION_POLICIES = ("lru", "lfu")
 QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
 DEVICES = ("auto", "cpu", "cuda")
 # sglang-router 0.3.2's --policy choices (`radixrt serve --dp-size N` starts it in front of N servers)
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")  # radixrt.mem_cache.kv_pool.KV_CACHE_DTYPES
+HICACHE_WRITE_POLICIES = ("auto", "write_back", "write_through")  # auto: write_back on cpu, else through
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")  # cached_tokens as non-admin keys see it
 
 
 @dataclass(slots=True)
@@ -37,6 +40,14 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"
+    # KV memory hierarchy (SGLang's names): a host tier behind the device pool, a persistent disk tier.
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0  # host pool tokens = ratio x device pool tokens
+    hicache_size: float = 0.0  # host pool GB; overrides the ratio when > 0
+    hicache_write_policy: str = "auto"
+    hicache_storage_dir: str | None = None  # the disk tier's directory (needs the hierarchical cache)
+    hicache_storage_size: float = 16.0  # the disk tier's capacity, GB
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype), fp8_e5m2, fp8_e4m3 (per-head scales)
     random_seed: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
@@ -54,6 +65,7 @@ class ServerArgs:
     cuda_graph_max_bs: int = 64
     # Multi-tenancy: a JSON file of tenants (radixrt/tenants.py documents the schema).
     tenants: str | None = None
+    cache_report_granularity: str = "exact"  # page: whole 16-token pages; none: 0 (non-admin keys)
     # Tensor parallelism on torch.distributed (SGLang's names): gloo on cpu, NCCL on cuda.
     tp_size: int = 1
     nnodes: int = 1
@@ -81,6 +93,18 @@ class ServerArgs:
             )
         if self.page_size < 1:
             raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} not in {KV_CACHE_DTYPES}")
+        if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:
+            raise ValueError(
+                f"hicache_write_policy: {self.hicache_write_policy!r} not in {HICACHE_WRITE_POLICIES}"
+            )
+        if self.hicache_ratio < 0 or self.hicache_size < 0 or self.hicache_storage_size <= 0:
+            raise ValueError("hicache_ratio and hicache_size must be >= 0, hicache_storage_size > 0")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache: needs the radix cache (drop --disable-radix-cache)")
+        if self.hicache_storage_dir is not None and not self.enable_hierarchical_cache:
+            raise ValueError("hicache_storage_dir: needs --enable-hierarchical-cache")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests: must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
@@ -107,6 +131,10 @@ class ServerArgs:
             raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
         if self.speculative_algorithm not in (None, "NGRAM"):
             raise ValueError(f"speculative_algorithm: {self.speculative_algorithm!r} not in (None, 'NGRAM')")
+        if self.cache_report_granularity not in CACHE_REPORT_GRANULARITIES:
+            raise ValueError(
+                f"cache_report_granularity: {self.cache_report_granularity!r} not in {CACHE_REPORT_GRANULARITIES}"
+            )
         if self.dp_size < 1:
             raise ValueError(f"dp_size: must be >= 1, got {self.dp_size}")
         if self.router_policy not in ROUTER_POLICIES:
@@ -151,6 +179,12 @@ class ServerArgs:
                 choices = QUANTIZATION_CHOICES
             elif f.name == "router_policy":
                 choices = ROUTER_POLICIES
+            elif f.name == "cache_report_granularity":
+                choices = CACHE_REPORT_GRANULARITIES
+            elif f.name == "kv_cache_dtype":
+                choices = KV_CACHE_DTYPES
+            elif f.name == "hicache_write_policy":
+                choices = HICACHE_WRITE_POLICIES
             parser.add_argument(flag, type=kind, default=default, choices=choices)
 
     @classmethod

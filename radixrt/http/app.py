@@ -1,20 +1,19 @@
 """The FastAPI app: SGLang-native routes (/generate, health, admin, /metrics) plus the OpenAI router.
 
 ``build_app(ctx)`` wires routes to one ServerContext. Every route but /health needs the API key when
-``--api-key`` is set.
+``--api-key`` is set; with ``--tenants`` a tenant's key reaches the generation routes only
+(`radixrt.http.tenants`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixrt import __version__
 from radixrt.http.context import ServerContext
@@ -39,6 +38,7 @@ from radixrt.http.streaming import (
     read_json,
     sse_event,
 )
+from radixrt.http.tenants import AuthMiddleware
 from radixrt.io_struct import GenerateReqInput
 from radixrt.protocol import FlushCacheReq
 from radixrt.tokenizer_manager import WorkerDeadError
@@ -59,39 +59,13 @@ class GenerateBody(GenerateReqInput, forbid_unknown_fields=True, kw_only=True):
         return self
 
 
-class APIKeyMiddleware:
-    """401 for every route but /health unless ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self.api_key = app, api_key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            token = (
-                auth[7:].strip()
-                if auth[:7].lower() == "bearer "
-                else headers.get(b"x-api-key", b"").decode("latin-1")
-            )
-            if not secrets.compare_digest(token.encode("latin-1"), self.api_key.encode()):
-                error = APIError(
-                    401,
-                    "invalid or missing API key (send `Authorization: Bearer <key>`)",
-                    code="invalid_api_key",
-                )
-                await error.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def build_app(ctx: ServerContext) -> FastAPI:
     """The ASGI app serving ``ctx``."""
     app = FastAPI(title="radixrt", version=__version__, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
-    if ctx.args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=ctx.args.api_key)
+    if ctx.args.api_key or ctx.tenants is not None:
+        app.add_middleware(AuthMiddleware, api_key=ctx.args.api_key, tenants=ctx.tenants)
     app.include_router(build_openai_router(ctx))
 
     @app.get("/health")
@@ -103,10 +77,10 @@ def build_app(ctx: ServerContext) -> FastAPI:
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")
-    async def health_generate() -> Response:
+    async def health_generate(request: Request) -> Response:
         obj = GenerateReqInput(text="ping", sampling_params={"max_new_tokens": 1, "temperature": 0.0})
         try:
-            out = await asyncio.wait_for(collect(ctx.tm.generate(obj)), HEALTH_GENERATE_TIMEOUT_S)
+            out = await asyncio.wait_for(collect(ctx.generate(request, obj)), HEALTH_GENERATE_TIMEOUT_S)
         except (TimeoutError, WorkerDeadError) as exc:
             return worker_dead(WorkerDeadError(str(exc) or "timed out")).response()
         return JSONResponse({"status": "ok", "output_ids": out["output_ids"]})
@@ -134,18 +108,21 @@ def build_app(ctx: ServerContext) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        stats: dict[str, float] | None = None
+        tenants: dict[str, dict[str, float]] | None = None
         try:
-            stats: dict[str, float] | None = (await ctx.worker_stats()).stats
+            out = await ctx.worker_stats()
+            stats, tenants = out.stats, out.tenants
         except WorkerDeadError:
-            stats = None
-        return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+            pass
+        return Response(ctx.metrics.render(stats, tenants), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         body = await read_json(request)
         normalize_generate(body)
         obj = convert(body, GenerateBody).to_request()
-        agen = ctx.tm.generate(obj)
+        agen = ctx.generate(request, obj)
         try:
             first = await first_or_final(request, agen, obj.stream)
         except ClientDisconnected:

@@ -1,4 +1,5 @@
-"""ServerContext: what the HTTP routes share (args, tokenizer, TokenizerManager, worker link, metrics)."""
+"""ServerContext: what the HTTP routes share (args, tenants, tokenizer, TokenizerManager, worker link,
+metrics), and the one way a route generates (`ServerContext.generate`)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,22 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastapi import Request
 from transformers import PreTrainedTokenizerBase
 
 from radixrt import __version__
-from radixrt.http.metrics import ServerMetrics
+from radixrt.http.metrics import REQUEST_TENANT, ServerMetrics
+from radixrt.http.tenants import coarsened, load_tenants, principal_of
+from radixrt.io_struct import GenerateReqInput
 from radixrt.models.resolve import resolve_model
 from radixrt.protocol import GetStatsReq, StatsOut, WorkerReady
 from radixrt.server_args import ServerArgs
+from radixrt.tenants import TenantConfig
 from radixrt.tokenizer import eos_token_ids, load_tokenizer
 from radixrt.tokenizer_manager import TokenizerManager, WorkerDeadError
 from radixrt.zmq_client import ZmqWorkerClient
@@ -38,12 +44,15 @@ class ServerContext:
     info: WorkerReady
     tm: TokenizerManager
     metrics: ServerMetrics
+    tenants: TenantConfig | None = None
     ready: bool = False  # set after the warm-up request went through
     started_at: float = field(default_factory=time.time)
 
     @classmethod
     def start(cls, args: ServerArgs) -> ServerContext:
-        """Load the tokenizer, spawn the worker process and wait for its handshake."""
+        """Load the tenants file and the tokenizer, spawn the worker process and wait for its handshake
+        (ValueError for a bad tenants file, before the worker starts)."""
+        tenants = load_tenants(args.api_key, args.tenants)
         resolved = resolve_model(args.model_path)
         model_path = resolved.path
         tokenizer = load_tokenizer(args.tokenizer_path or model_path)
@@ -53,9 +62,9 @@ class ServerContext:
         name = args.served_model_name or resolved.name
         tm = TokenizerManager(tokenizer, client, info.context_len, info.vocab_size, name, args.random_seed)
         client.on_death = tm.fail_all
-        metrics = ServerMetrics(name)
+        metrics = ServerMetrics(name, tenants=tenants is not None)
         tm.listeners.append(metrics.on_finished)
-        return cls(args, model_path, name, tokenizer, client, info, tm, metrics)
+        return cls(args, model_path, name, tokenizer, client, info, tm, metrics, tenants)
 
     @property
     def context_len(self) -> int:
@@ -83,6 +92,17 @@ class ServerContext:
             "kv_bytes": i.kv_bytes,
             "page_size": i.page_size,
         }
+
+    def generate(self, request: Request, obj: GenerateReqInput) -> AsyncGenerator[Any, None]:
+        """``TokenizerManager.generate`` as ``request``'s sender: as its tenant (from the API key), with
+        ``cached_tokens`` reported at ``--cache-report-granularity`` unless it is the admin."""
+        principal = principal_of(request)
+        REQUEST_TENANT.set(principal.tenant)  # NOTE: the tasks serving the request copy it (metrics)
+        agen = self.tm.generate(obj, tenant=principal.tenant)
+        granularity = self.args.cache_report_granularity
+        if principal.admin or granularity == "exact":
+            return agen
+        return coarsened(agen, granularity)
 
     async def worker_stats(self) -> StatsOut:
         """The worker's StatsOut (raises WorkerDeadError when it is gone or does not answer)."""

@@ -3,11 +3,17 @@
 Request-level numbers (tokens, latencies) are recorded in the HTTP process when a request finishes
 (a TokenizerManager listener); worker-level numbers (queue, KV usage, evictions, retractions) are read
 from the worker's stats at scrape time. Each server owns its registry.
+
+With tenants, every ``radixrt:tenant_*`` series also carries a ``tenant`` label (`TENANT_SERIES`): the
+worker's per-tenant counters and KV shares (``StatsOut.tenants``), and TTFT / e2e histograms observed here.
+The listener learns a request's tenant from `REQUEST_TENANT`, which the route sets before generating (the
+tasks that run the request copy it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -40,6 +46,34 @@ _WORKER_COUNTERS = {
     ),
 }
 
+# StatsOut.tenants key -> (metric name, help) per tenant; counters cumulative since the worker started
+_TENANT_COUNTERS = {
+    "requests": ("tenant_requests", "Requests the worker received"),
+    "prompt_tokens": ("tenant_prompt_tokens", "Prompt tokens of received requests"),
+    "cached_tokens": ("tenant_cached_tokens", "Prompt tokens of finished requests served from the cache"),
+    "generated_tokens": ("tenant_generation_tokens", "Generated tokens of finished requests"),
+    "evicted_tokens": ("tenant_evicted_tokens", "The tenant's tokens evicted from the RadixCache"),
+    "quota_waits": ("tenant_quota_waits", "Admissions deferred because the tenant was at its KV quota"),
+}
+_TENANT_GAUGES = {
+    "hit_rate": ("tenant_cache_hit_rate", "Cached prompt tokens / prompt tokens, since start"),
+    "kv_tokens_held": ("tenant_kv_held_tokens", "KV tokens the tenant holds now (cached plus running)"),
+    "kv_quota_tokens": ("tenant_kv_quota_tokens", "The most KV tokens the tenant may hold under contention"),
+}
+_TENANT_HISTOGRAMS = {
+    "tenant_time_to_first_token_seconds": "Time to first token",
+    "tenant_e2e_request_latency_seconds": "Request latency, arrival to last token",
+}
+# Every per-tenant series, as /metrics exposes it (the README lists them).
+TENANT_SERIES = tuple(
+    [PREFIX + name + "_total" for name, _ in _TENANT_COUNTERS.values()]
+    + [PREFIX + name for name, _ in _TENANT_GAUGES.values()]
+    + [PREFIX + name for name in _TENANT_HISTOGRAMS]
+)
+
+# The tenant of the request being served (None: no tenants), set by the route that generates.
+REQUEST_TENANT: ContextVar[str | None] = ContextVar("radixrt_request_tenant", default=None)
+
 
 class _WorkerCollector(Collector):
     """Exposes the most recent worker stats snapshot."""
@@ -47,6 +81,7 @@ class _WorkerCollector(Collector):
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.stats: dict[str, float] | None = None
+        self.tenants: dict[str, dict[str, float]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -64,12 +99,21 @@ class _WorkerCollector(Collector):
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self.model_name], float(self.stats.get(key, 0.0)))
             yield c
+        if self.tenants is None:
+            return
+        labels = ["model_name", "tenant"]
+        for table, family in ((_TENANT_COUNTERS, CounterMetricFamily), (_TENANT_GAUGES, GaugeMetricFamily)):
+            for key, (name, doc) in table.items():
+                m = family(PREFIX + name, doc + ", per tenant", labels=labels)
+                for tenant, values in sorted(self.tenants.items()):
+                    m.add_metric([self.model_name, tenant], float(values.get(key, 0.0)))
+                yield m
 
 
 class ServerMetrics:
     """All metrics of one server; ``on_finished`` is a TokenizerManager listener."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, tenants: bool = False) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         labels = ["model_name"]
@@ -101,6 +145,18 @@ class ServerMetrics:
         )
         self._worker = _WorkerCollector(model_name)
         self.registry.register(self._worker)
+        # per tenant, only with tenants (without them /metrics stays as it was)
+        self.tenant_ttft: Histogram | None = None
+        self.tenant_e2e: Histogram | None = None
+        if tenants:
+
+            def per_tenant(name: str) -> Histogram:
+                doc = _TENANT_HISTOGRAMS[name] + ", per tenant"
+                labels = ["model_name", "tenant"]
+                return Histogram(PREFIX + name, doc, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
+
+            self.tenant_ttft = per_tenant("tenant_time_to_first_token_seconds")
+            self.tenant_e2e = per_tenant("tenant_e2e_request_latency_seconds")
 
     def on_finished(self, result: dict[str, Any]) -> None:
         """Record one finished request (a TokenizerManager result with its ``timing``)."""
@@ -115,9 +171,19 @@ class ServerMetrics:
             self.ttft.observe(timing["ttft"])
         for gap in timing.get("itl", ()):
             self.itl.observe(gap)
-        self.e2e.observe(timing.get("e2e", meta.get("e2e_latency", 0.0)))
+        e2e = timing.get("e2e", meta.get("e2e_latency", 0.0))
+        self.e2e.observe(e2e)
+        tenant = REQUEST_TENANT.get()
+        if self.tenant_ttft is not None and self.tenant_e2e is not None and tenant is not None:
+            if timing.get("ttft") is not None:
+                self.tenant_ttft.labels(self.model_name, tenant).observe(timing["ttft"])
+            self.tenant_e2e.labels(self.model_name, tenant).observe(e2e)
 
-    def render(self, worker_stats: dict[str, float] | None) -> bytes:
-        """The text exposition, with ``worker_stats`` (None: the worker is down) as worker metrics."""
+    def render(
+        self, worker_stats: dict[str, float] | None, tenants: dict[str, dict[str, float]] | None = None
+    ) -> bytes:
+        """The text exposition, with ``worker_stats`` (None: the worker is down) as worker metrics and
+        ``tenants`` (``StatsOut.tenants``) as the per-tenant ones."""
         self._worker.stats = worker_stats
+        self._worker.tenants = tenants if worker_stats is not None else None
         return generate_latest(self.registry)

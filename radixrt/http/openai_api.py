@@ -136,7 +136,7 @@ def _prompt_items(prompt: str | list[Any]) -> list[Any]:
 async def _serve(
     ctx: ServerContext, request: Request, obj: GenerateReqInput, fmt: _Formatter, rename: dict[str, str]
 ) -> Response:
-    agen = ctx.tm.generate(obj)
+    agen = ctx.generate(request, obj)
     try:
         first = await first_or_final(request, agen, obj.stream)
     except ClientDisconnected:
