@@ -6,19 +6,34 @@ Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and b
 through that table and runs ``scaled_dot_product_attention`` with GQA. Decode steps (one new token per
 request) call the C kernel instead when it could be built here (gcc); when it cannot, the backend logs why
 once and decodes through the reference path. No Python loop over tokens or requests in the per-layer path.
+
+Float8 KV (``--kv-cache-dtype fp8_e5m2|fp8_e4m3``): gathered K/V are widened to the query's dtype and, for
+e4m3, multiplied by the pool's per-head scales (``kv_scales``) before SDPA. The C kernel reads fp32 / bf16
+pools only, so with a float8 pool every step, decode included, takes the gather path.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from kernels import cpu_decode
 from kernels.base import AttentionBackend, AttentionMetadata, KVStore
+from radixrt.mem_cache.kv_pool import dequantize_fp8
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ScaledKVStore(Protocol):
+    """A KV store whose stored values need per-head scales to dequantize (float8 pools)."""
+
+    def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+
 # Extends of at most this many tokens per request run as one decode query per token through the C kernel.
 SMALL_EXTEND = 16
 
@@ -38,6 +53,10 @@ class TorchNativeBackend(AttentionBackend):
         use_decode_kernel: bool = True,
     ) -> None:
         super().__init__(kv, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+        self.kv_fp8 = kv.get_kv_buffer(0)[0].dtype in (torch.float8_e5m2, torch.float8_e4m3fn)
+        self.scaled_kv = kv if isinstance(kv, ScaledKVStore) else None
+        if self.kv_fp8:
+            use_decode_kernel = False  # NOTE: the C kernel reads fp32 / bf16 only; fp8 gathers and widens
         self.use_decode_kernel = use_decode_kernel and cpu_decode.available()
         if use_decode_kernel and not self.use_decode_kernel:
             logger.warning(
@@ -98,6 +117,8 @@ class TorchNativeBackend(AttentionBackend):
             )
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)
+        if self.kv_fp8:
+            keys, values = self._widen(keys, values, layer_id, q.dtype)
         if md.max_extend_len == 1:
             queries = (
                 q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
@@ -106,8 +127,8 @@ class TorchNativeBackend(AttentionBackend):
             queries = q[self._q_index].transpose(1, 2)  # [B, H, Q, D]
         out = F.scaled_dot_product_attention(
             queries,
-            keys.to(q.dtype),
-            values.to(q.dtype),
+            keys,
+            values,
             attn_mask=self._mask,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
@@ -115,3 +136,14 @@ class TorchNativeBackend(AttentionBackend):
         if md.max_extend_len == 1 and q.shape[0] == md.batch_size:
             return out[:, :, 0, :]
         return out.transpose(1, 2)[self._q_valid]
+
+    def _widen(
+        self, keys: torch.Tensor, values: torch.Tensor, layer_id: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gathered float8 K/V ``[B, KVH, L, D]`` in ``dtype``, times the per-head scales (e4m3)."""
+        k, v = dequantize_fp8(keys), dequantize_fp8(values)
+        scales = self.scaled_kv.kv_scales(layer_id) if self.scaled_kv is not None else None
+        if scales is not None:  # powers of two: exact
+            k = k * scales[0][None, :, None, None]
+            v = v * scales[1][None, :, None, None]
+        return k.to(dtype), v.to(dtype)

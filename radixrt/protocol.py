@@ -58,6 +58,9 @@ class ReqOut(msgspec.Struct, array_like=True):
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     input_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # With the hierarchical cache: how many of cached_tokens came from the host and disk tiers.
+    cached_tokens_host: int | None = None
+    cached_tokens_disk: int | None = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

@@ -296,6 +296,7 @@ class _Tracker:
         self.abort_worker = False
         self.prompt_tokens = len(treq.input_ids)
         self.cached_tokens = 0
+        self.cached_details: dict[str, int] | None = None  # device / host / disk, with the tiers on
         self.in_lp: list[tuple[float | None, int]] = []
         self.in_top: list[list[tuple[float, int]] | None] = []
         self.out_lp: list[tuple[float, int]] = []
@@ -307,6 +308,9 @@ class _Tracker:
 
     def push(self, out: ReqOut) -> bool:
         self.cached_tokens = out.cached_tokens
+        if out.cached_tokens_host is not None and out.cached_tokens_disk is not None:
+            host, disk = out.cached_tokens_host, out.cached_tokens_disk
+            self.cached_details = {"device": out.cached_tokens - host - disk, "host": host, "disk": disk}
         if out.new_ids:
             now = time.perf_counter()
             if self.first_token_at is None:
@@ -367,6 +371,8 @@ class _Tracker:
             "finish_reason": self.finish_reason,
             "e2e_latency": time.perf_counter() - created,
         }
+        if self.cached_details is not None:
+            meta["cached_tokens_details"] = dict(self.cached_details)
         if self.treq.return_logprob:
             meta["input_token_logprobs"] = self._fmt(self.in_lp)
             meta["output_token_logprobs"] = self._fmt(list(self.out_lp))

@@ -1,14 +1,67 @@
-"""Per-layer K/V buffers indexed by token slot (the one place that knows the KV layout)."""
+"""Per-layer K/V buffers indexed by token slot (the one place that knows the KV layout and its dtype).
+
+The buffers hold the model's dtype, or with ``--kv-cache-dtype fp8_e5m2|fp8_e4m3`` torch's float8 dtypes:
+``set_kv`` quantizes what it stores (dividing by the per-head scale for e4m3, saturating at the format's
+largest finite value) and attention backends dequantize what they read with ``kv_scales``. Scales are
+powers of two, so dividing by one is exact and the only rounding is the cast to float8.
+"""
 
 from __future__ import annotations
 
 import torch
 
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")
+FP8_DTYPES = {"fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e4m3fn}
+# e4m3 scales leave this much headroom over the calibrated |K|/|V| maxima (values past it saturate).
+E4M3_HEADROOM = 4.0
+
+
+def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV buffers store: the model's for ``auto``, else the float8 format named."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype not in FP8_DTYPES:
+        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} not in {KV_CACHE_DTYPES}")
+    return FP8_DTYPES[kv_cache_dtype]
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float8_e5m2, torch.float8_e4m3fn)
+
+
+def pow2_scale(amax: torch.Tensor, fmax: float, headroom: float = E4M3_HEADROOM) -> torch.Tensor:
+    """The smallest power of two ``s`` with ``amax * headroom / s <= fmax`` (1 where amax is 0)."""
+    want = (amax.float() * headroom / fmax).clamp_min(2.0**-30)
+    return torch.exp2(torch.ceil(torch.log2(want)))
+
+
+def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x / scale`` (``scale`` broadcasts over ``x``'s heads: ``[KVH]`` for ``x [T, KVH, D]``) cast to
+    ``dtype``, saturating instead of overflowing to inf / NaN."""
+    fmax = torch.finfo(dtype).max
+    y = x.float() if scale is None else x.float() / scale[:, None]
+    return y.clamp(-fmax, fmax).to(dtype)
+
+
+def dequantize_fp8(x: torch.Tensor) -> torch.Tensor:
+    """Float8 ``x`` widened to float32, exactly, by moving its bits into a float16: e5m2 is the top byte of
+    a float16; e4m3's magnitude bits placed under the float16 exponent give the value / 256 (subnormals
+    included). torch's own float8 -> wider casts are scalar loops on CPU, several times slower."""
+    u = x.view(torch.uint8).to(torch.int16)
+    if x.dtype == torch.float8_e5m2:
+        return (u << 8).view(torch.float16).float()
+    assert x.dtype == torch.float8_e4m3fn, x.dtype
+    return (((u & 0x7F) << 7) | ((u & 0x80) << 8)).view(torch.float16).float() * 256.0
+
 
 class KVPool:
     """K and V buffers of shape ``[num_slots, kv_heads, head_dim]`` for every layer.
 
-    Slot ``s`` of page ``p`` is ``p * page_size + offset``, so the buffers are page-major too.
+    Slot ``s`` of page ``p`` is ``p * page_size + offset``, so the buffers are page-major too. ``dtype``
+    is the stored dtype (``store_dtype``, default the model's ``model_dtype``). With e4m3 storage,
+    ``k_scale`` / ``v_scale`` (``[layers, kv_heads]`` float32, powers of two) are set by ``calibrate``
+    before anything is stored; until then they are 1. ``lazy`` buffers are ``torch.empty`` (pages commit
+    only when written; used by the host tier).
     """
 
     def __init__(
@@ -19,17 +72,25 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
+        store_dtype: torch.dtype | None = None,
+        lazy: bool = False,
     ) -> None:
         self.num_slots = num_slots
-        self.dtype = dtype
-        self.k_buffers = [
-            torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
-        self.v_buffers = [
-            torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.model_dtype = dtype
+        self.dtype = store_dtype or dtype
+        make = torch.empty if lazy else torch.zeros
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [make(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [make(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        if self.dtype == torch.float8_e4m3fn:
+            self.k_scale = torch.ones(num_layers, num_kv_heads, device=device)
+            self.v_scale = torch.ones(num_layers, num_kv_heads, device=device)
+        self._calib: list[torch.Tensor] | None = None
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -40,9 +101,74 @@ class KVPool:
     def size_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.k_buffers + self.v_buffers)
 
+    @property
+    def quantized(self) -> bool:
+        return is_fp8(self.dtype)
+
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
+    def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-head ``(k_scale, v_scale)`` ``[KVH]`` float32 that dequantize layer ``layer_id``'s stored
+        values (``stored.float() * scale``), or None when no scale applies."""
+        if self.k_scale is None or self.v_scale is None:
+            return None
+        return self.k_scale[layer_id], self.v_scale[layer_id]
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffers[layer_id][loc] = k.to(self.dtype)
-        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+        if not self.quantized:
+            self.k_buffers[layer_id][loc] = k.to(self.dtype)
+            self.v_buffers[layer_id][loc] = v.to(self.dtype)
+            return
+        if self._calib is not None:  # calibrating: record |K|, |V| maxima per head
+            amax = torch.stack([k.detach().abs().amax(dim=(0, 2)), v.detach().abs().amax(dim=(0, 2))])
+            self._calib[layer_id] = torch.maximum(self._calib[layer_id], amax.float().cpu())
+        scales = self.kv_scales(layer_id)
+        ks, vs = (None, None) if scales is None else scales
+        self.k_buffers[layer_id][loc] = quantize_fp8(k, self.dtype, ks)
+        self.v_buffers[layer_id][loc] = quantize_fp8(v, self.dtype, vs)
+
+    # -- e4m3 scales ----------------------------------------------------------------------------
+    def begin_calibration(self) -> None:
+        """Record per-head |K| / |V| maxima of every ``set_kv`` until ``end_calibration``."""
+        self._calib = [torch.zeros(2, self.num_kv_heads) for _ in range(self.num_layers)]
+
+    def end_calibration(self) -> None:
+        """Fix the e4m3 scales from the recorded maxima (no-op for other dtypes)."""
+        calib, self._calib = self._calib, None
+        if calib is None or self.k_scale is None or self.v_scale is None:
+            return
+        amax = torch.stack(calib)  # [layers, 2, KVH]
+        scale = pow2_scale(amax, torch.finfo(self.dtype).max).to(self.k_scale.device)
+        self.k_scale.copy_(scale[:, 0])
+        self.v_scale.copy_(scale[:, 1])
+
+    def scales_bytes(self) -> bytes:
+        """The scales' bytes (part of the disk tier's identity: stored values mean nothing without them)."""
+        if self.k_scale is None or self.v_scale is None:
+            return b""
+        return self.k_scale.cpu().numpy().tobytes() + self.v_scale.cpu().numpy().tobytes()
+
+    # -- copies between pools (the tiers) ---------------------------------------------------------
+    def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored K and V of ``slots``, ``[layers, n, KVH, D]`` each (a copy, on the host)."""
+        idx = slots.to(self.k_buffers[0].device)
+        k = torch.stack([b[idx] for b in self.k_buffers]).cpu()
+        v = torch.stack([b[idx] for b in self.v_buffers]).cpu()
+        return k, v
+
+    def write_slots(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store raw values (already in this pool's dtype, ``[layers, n, KVH, D]``) at ``slots``."""
+        dev = self.k_buffers[0].device
+        idx = slots.to(dev)
+        for layer in range(self.num_layers):
+            self.k_buffers[layer][idx] = k[layer].to(dev)
+            self.v_buffers[layer][idx] = v[layer].to(dev)
+
+    def copy_to(self, dst: KVPool, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy the stored bytes of ``src_slots`` into ``dst``'s ``dst_slots`` (same layout and dtype)."""
+        sdev, ddev = self.k_buffers[0].device, dst.k_buffers[0].device
+        si, di = src_slots.to(sdev), dst_slots.to(ddev)
+        for layer in range(self.num_layers):
+            dst.k_buffers[layer][di] = self.k_buffers[layer][si].to(ddev)
+            dst.v_buffers[layer][di] = self.v_buffers[layer][si].to(ddev)

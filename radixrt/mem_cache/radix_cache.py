@@ -8,117 +8,32 @@ used first. Every ``cache_salt`` (namespace) gets its own root, so tenants never
 With tenants, every node records its tenant and the tree counts each tenant's tokens. Given the tenants'
 shares (`TenantShares`), eviction takes the leaves of tenants over their KV quota first (least recently
 used among them), and never cuts into another tenant's reserved share to make room for a requester.
+
+Sizes (evictable, protected, per tenant) count device-resident tokens. This tree drops what it evicts;
+`HiRadixCache` (``hiradix_cache.py``) overrides the tier hooks below to move evicted nodes to a host pool
+instead, so nodes may then be off the device (``value`` None) and ``match_prefix`` reports them apart.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
 
 import torch
 
+from radixrt.mem_cache.tree_node import (
+    CacheStats,
+    MatchResult,
+    SlotFreer,
+    TenantShares,
+    TreeNode,
+    as_tuple,
+    common_prefix_len,
+)
+
+__all__ = ["CacheStats", "MatchResult", "RadixCache", "SlotFreer", "TenantShares", "TreeNode"]
+
 _EVICTION_POLICIES = ("lru", "lfu")
-_node_ids = itertools.count()
-
-
-class SlotFreer(Protocol):
-    """What the cache needs from the token-slot allocator."""
-
-    page_size: int
-
-    def free(self, slots: torch.Tensor) -> None: ...
-
-
-class TenantShares(Protocol):
-    """The tenants' KV shares, in tokens, as eviction needs them."""
-
-    def quota_tokens(self, tenant: str | None) -> int: ...
-
-    def reserved_tokens(self, tenant: str | None) -> int: ...
-
-    def running_tokens(self) -> dict[str | None, int]:
-        """Slots each tenant's live requests hold outside the tree."""
-        ...
-
-
-class TreeNode:
-    """One edge of the tree: ``key`` token ids and ``value`` their int64 slot indices (same length)."""
-
-    __slots__ = (
-        "key", "value", "children", "parent", "lock_ref", "last_access_time", "hit_count", "id", "tenant",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        key: tuple[int, ...],
-        value: torch.Tensor,
-        parent: TreeNode | None,
-        last_access_time: int,
-        tenant: str | None = None,
-    ) -> None:
-        self.key = key
-        self.tenant: str | None = parent.tenant if parent is not None else tenant
-        self.value = value
-        # Keyed by the first token (page_size 1) or the first page tuple (page_size > 1).
-        self.children: dict[int | tuple[int, ...], TreeNode] = {}
-        self.parent = parent
-        self.lock_ref = 0
-        self.last_access_time = last_access_time
-        self.hit_count = 0
-        self.id = next(_node_ids)  # unique tie-break for the eviction heap
-
-    def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
-
-
-class MatchResult(NamedTuple):
-    """Result of ``match_prefix``."""
-
-    slots: torch.Tensor  # int64 slots of the matched prefix (page aligned), empty when nothing matched
-    last_node: TreeNode  # deepest matched node; the namespace root when nothing matched
-
-
-@dataclass(slots=True)
-class CacheStats:
-    """Counters over the cache's lifetime (all sizes in tokens)."""
-
-    match_calls: int = 0
-    queried_tokens: int = 0
-    cached_tokens: int = 0
-    inserted_tokens: int = 0
-    evicted_tokens: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        """Fraction of queried tokens served from the cache."""
-        return self.cached_tokens / self.queried_tokens if self.queried_tokens else 0.0
-
-
-def _as_tuple(key: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(key, tuple):
-        return key
-    tolist = getattr(key, "tolist", None)  # torch / numpy: avoid tuples of scalar objects
-    return tuple(tolist()) if tolist is not None else tuple(key)
-
-
-def _common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length of the common prefix of ``a`` and ``b``, comparing slices in C instead of token by token."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    # Invariant: a[:lo] == b[:lo] and the first mismatch is before hi.
-    while hi - lo > 32:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[lo] == b[lo]:
-        lo += 1
-    return lo
 
 
 class RadixCache:
@@ -148,7 +63,9 @@ class RadixCache:
         """Drop every node and free its slots; the caller guarantees nothing is locked."""
         if self._protected:
             raise RuntimeError(f"reset() with {self._protected} locked tokens")
-        values = [n.value for root in self._roots.values() for n in self._iter_nodes(root) if n is not root]
+        values = [
+            n.value for root in self._roots.values() for n in self._iter_nodes(root) if n.value is not None
+        ]
         if values:
             self.allocator.free(torch.cat(values))
         self._clear()
@@ -157,7 +74,8 @@ class RadixCache:
         """Longest cached page-aligned prefix of ``key`` in the ``cache_salt`` namespace.
 
         Splits the last node when the match ends inside it, so ``last_node`` ends exactly at the match;
-        refreshes access time and hit count of every matched node.
+        refreshes access time and hit count of every matched node. ``slots`` and ``last_node`` cover the
+        device-resident part; host-only nodes that continue it are ``host_nodes``.
         """
         self.stats.match_calls += 1
         self.stats.queried_tokens += len(key)
@@ -167,15 +85,17 @@ class RadixCache:
             return MatchResult(self._empty, self._new_root())
         if self.disable or len(key) < self.page_size:
             return MatchResult(self._empty, root)
-        tkey = self._aligned(_as_tuple(key))
+        tkey = self._aligned(as_tuple(key))
         self._clock += 1
         node, matched, path = self._walk(root, tkey, self._clock)
         for n in path:
             n.hit_count += 1
-        self.stats.cached_tokens += matched
-        if not path:
-            return MatchResult(self._empty, root)
-        return MatchResult(torch.cat([n.value for n in path]), node)
+        dev = next((i for i, n in enumerate(path) if n.value is None), len(path))
+        values = [n.value for n in path[:dev] if n.value is not None]
+        self.stats.cached_tokens += sum(len(v) for v in values)
+        if not values:
+            return MatchResult(self._empty, root, tuple(path))
+        return MatchResult(torch.cat(values), path[dev - 1], tuple(path[dev:]))
 
     def insert(
         self,
@@ -186,14 +106,15 @@ class RadixCache:
     ) -> int:
         """Cache ``key[:aligned_len]`` (whole pages only) with ``slots`` (one per token, at least aligned_len).
 
-        Returns ``prefix_len``, how many leading tokens were already cached. The tree takes ownership of
-        (a copy of) ``slots[prefix_len:aligned_len]``; the caller keeps, and must free, the slots it
-        computed for positions below ``prefix_len`` (duplicates) and from ``aligned_len`` on. ``tenant``
+        Returns ``prefix_len``, how many leading tokens were already cached on the device. The tree takes
+        ownership of (a copy of) ``slots[prefix_len:aligned_len]``; the caller keeps, and must free, the
+        slots it computed for positions below ``prefix_len`` (duplicates) and from ``aligned_len`` on.
+        Host-only nodes on the path take the caller's slots (they are on the device again). ``tenant``
         owns the namespace ``cache_salt`` (recorded when the namespace is created).
         """
         if self.disable:
             return 0
-        tkey = self._aligned(_as_tuple(key))
+        tkey = self._aligned(as_tuple(key))
         n = len(tkey)
         if n == 0:
             return 0
@@ -207,20 +128,28 @@ class RadixCache:
                 f"insert: namespace {cache_salt!r} belongs to tenant {root.tenant!r}, not {tenant!r}"
             )
         self._clock += 1
-        node, prefix_len, _ = self._walk(root, tkey, self._clock)
-        if prefix_len < n:
-            leaf = TreeNode(tkey[prefix_len:], slots[prefix_len:n].to(torch.int64).clone(), node, self._clock)
-            if not node.children:
-                self._evictable_leaves.discard(node)  # node stops being a leaf
+        node, walked, path = self._walk(root, tkey, self._clock)
+        prefix_len, i = walked, 0
+        for p in path:
+            if p.value is None:  # host-only: it takes the caller's (freshly computed) slots
+                prefix_len = min(prefix_len, i)
+                self._set_device(p, slots[i : i + len(p.key)].to(torch.int64).clone())
+                self.stats.inserted_tokens += len(p.key)
+            i += len(p.key)
+        if walked < n:
+            leaf = TreeNode(tkey[walked:], slots[walked:n].to(torch.int64).clone(), node, self._clock)
+            self._evictable_leaves.discard(node)  # node stops being a (device) leaf
             node.children[self._child_key(leaf.key)] = leaf
             self._evictable_leaves.add(leaf)
-            self._evictable += n - prefix_len
-            self._tenant_tokens[tenant] = self._tenant_tokens.get(tenant, 0) + n - prefix_len
-            self.stats.inserted_tokens += n - prefix_len
+            self._evictable += n - walked
+            self._tenant_tokens[tenant] = self._tenant_tokens.get(tenant, 0) + n - walked
+            self.stats.inserted_tokens += n - walked
+            self._on_new_leaf(leaf)
         return prefix_len
 
     def inc_lock_ref(self, node: TreeNode) -> None:
-        """Lock ``node`` and its ancestors against eviction (the root never counts)."""
+        """Lock ``node`` and its ancestors against eviction (the root never counts); all on the device."""
+        assert node.parent is None or node.value is not None, f"locking {node!r}, which is not on the device"
         while node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
@@ -238,7 +167,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._evictable += len(node.key)
                 self._protected -= len(node.key)
-                if not node.children:
+                if self._is_device_leaf(node):
                     self._evictable_leaves.add(node)
             node = node.parent
 
@@ -290,22 +219,19 @@ class RadixCache:
                     continue
                 if not allowed(node):
                     continue
-            self.allocator.free(node.value)
+            parent = node.parent
+            assert parent is not None
+            self._evictable_leaves.discard(node)
+            self._evict_node(node)
             freed += len(node.key)
             self._evictable -= len(node.key)
             self._tenant_tokens[node.tenant] -= len(node.key)
             self.tenant_evicted[node.tenant] = self.tenant_evicted.get(node.tenant, 0) + len(node.key)
-            self._evictable_leaves.discard(node)
-            parent = node.parent
-            assert parent is not None
-            del parent.children[self._child_key(node.key)]
-            node.parent = None
-            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and parent.lock_ref == 0 and self._is_device_leaf(parent):
                 self._evictable_leaves.add(parent)
                 if allowed(parent):
                     heapq.heappush(heap, (rank(parent), parent))
-        for salt in [s for s, root in self._roots.items() if not root.children]:
-            del self._roots[salt]
+        self._prune_roots()
         self.stats.evicted_tokens += freed
         return freed
 
@@ -342,16 +268,24 @@ class RadixCache:
                 if node is root:
                     continue
                 assert len(node.key) > 0 and len(node.key) % ps == 0, f"{node!r} key not page aligned"
-                assert node.value.numel() == len(node.key), f"{node!r} key/value length mismatch"
                 assert node.lock_ref >= 0, f"{node!r} negative lock_ref"
                 assert node.tenant == root.tenant, f"{node!r} of tenant {node.tenant!r} under {root.tenant!r}"
+                assert node.value is not None or node.host_value is not None, f"{node!r} is in no tier"
+                if node.value is None:
+                    assert node.lock_ref == 0, f"{node!r} locked off the device"
+                    continue
+                assert node.value.numel() == len(node.key), f"{node!r} key/value length mismatch"
+                parent = node.parent
+                assert parent is not None and (parent is root or parent.value is not None), (
+                    f"{node!r} misplaced"
+                )
                 per_tenant[node.tenant] = per_tenant.get(node.tenant, 0) + len(node.key)
                 values.append(node.value)
                 if node.lock_ref:
                     protected += len(node.key)
                 else:
                     evictable += len(node.key)
-                    if not node.children:
+                    if self._is_device_leaf(node):
                         leaves.add(node)
         assert evictable == self._evictable, f"evictable {self._evictable} != walked {evictable}"
         assert protected == self._protected, f"protected {self._protected} != walked {protected}"
@@ -375,7 +309,7 @@ class RadixCache:
                 head = ",".join(map(str, node.key[:8])) + (",..." if len(node.key) > 8 else "")
                 lines.append(
                     f"{'  ' * depth}[{head}] len={len(node.key)} lock={node.lock_ref} "
-                    f"t={node.last_access_time} hits={node.hit_count}"
+                    f"t={node.last_access_time} hits={node.hit_count} in={'+'.join(node.tiers())}"
                 )
                 stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
         return "\n".join(lines)
@@ -416,7 +350,7 @@ class RadixCache:
             if child is None:
                 break
             klen = len(child.key)
-            m = _common_prefix_len(child.key, key[i : i + klen])
+            m = common_prefix_len(child.key, key[i : i + klen])
             m -= m % self.page_size
             if m < klen:
                 child = self._split(child, m)
@@ -431,13 +365,58 @@ class RadixCache:
         """Cut ``node`` after ``at`` tokens (0 < at < len, page aligned); returns the new upper node."""
         parent = node.parent
         assert parent is not None and 0 < at < len(node.key)
-        upper = TreeNode(node.key[:at], node.value[:at], parent, node.last_access_time)
+        value, host = node.value, node.host_value
+        upper = TreeNode(node.key[:at], None if value is None else value[:at], parent, node.last_access_time)
         upper.lock_ref = node.lock_ref  # same locked prefix, so sizes do not move
         upper.hit_count = node.hit_count
+        upper.on_disk = node.on_disk
         parent.children[self._child_key(upper.key)] = upper
-        node.key, node.value, node.parent = node.key[at:], node.value[at:], upper
+        node.key, node.parent = node.key[at:], upper
+        node.value = None if value is None else value[at:]
+        if host is not None:
+            upper.host_value, node.host_value = host[:at], host[at:]
         upper.children[self._child_key(node.key)] = node
         return upper
+
+    # ---- tier hooks (the device-only tree frees and drops; HiRadixCache moves KV between tiers) -----
+
+    def _is_device_leaf(self, node: TreeNode) -> bool:
+        """On the device with no child on the device: what device eviction may take (when unlocked)."""
+        return node.value is not None and not any(c.value is not None for c in node.children.values())
+
+    def _evict_node(self, node: TreeNode) -> None:
+        """Take unlocked device leaf ``node`` off the device (sizes are the caller's); here: drop it."""
+        assert node.value is not None
+        self.allocator.free(node.value)
+        node.value = None
+        self._unlink(node)
+
+    def _unlink(self, node: TreeNode) -> None:
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(node.key)]
+        node.parent = None
+
+    def _set_device(self, node: TreeNode, slots: torch.Tensor) -> None:
+        """Give unlocked ``node`` (not on the device, its parent is) device ``slots`` and count them."""
+        assert node.value is None and node.lock_ref == 0 and node.parent is not None
+        node.value = slots
+        self._evictable += len(node.key)
+        self._tenant_tokens[node.tenant] = self._tenant_tokens.get(node.tenant, 0) + len(node.key)
+        self._evictable_leaves.discard(node.parent)
+        if self._is_device_leaf(node):
+            self._evictable_leaves.add(node)
+        self._on_device_again(node)
+
+    def _on_device_again(self, node: TreeNode) -> None:
+        """``node`` is back on the device (loaded back, or recomputed by an insert)."""
+
+    def _on_new_leaf(self, leaf: TreeNode) -> None:
+        """``insert`` created ``leaf`` (on the device)."""
+
+    def _prune_roots(self) -> None:
+        for salt in [s for s, root in self._roots.items() if not root.children]:
+            del self._roots[salt]
 
     @staticmethod
     def _iter_nodes(root: TreeNode) -> list[TreeNode]:

@@ -1,16 +1,76 @@
 """KV bookkeeping of requests: slot allocation with eviction, caching into the RadixCache, release.
 
-The one place that moves slots between a request's ReqToTokenPool row, the allocator and the tree.
+The one place that moves slots between a request's ReqToTokenPool row, the allocator and the tree. With
+the hierarchical cache it also moves a matched prefix from the host or disk tier into device slots at
+admission (`HiRadixCache`), before the request's extend.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
 import torch
 
 from radixrt.mem_cache.allocator import TokenSlotAllocator
-from radixrt.mem_cache.radix_cache import RadixCache
+from radixrt.mem_cache.hiradix_cache import HiRadixCache
+from radixrt.mem_cache.radix_cache import MatchResult, RadixCache
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
+from radixrt.server_args import ServerArgs
 from radixrt.worker.req import Req
+
+if TYPE_CHECKING:
+    from radixrt.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def build_tree(args: ServerArgs, runner: ModelRunner, model_path: str) -> RadixCache:
+    """The RadixCache, or with ``--enable-hierarchical-cache`` the HiRadixCache with its host tier (and
+    the disk tier with ``--hicache-storage-dir``)."""
+    if not args.enable_hierarchical_cache:
+        return RadixCache(
+            runner.allocator, args.page_size, args.radix_eviction_policy, disable=args.disable_radix_cache
+        )
+    from radixrt.mem_cache.disk_store import FORMAT, DiskStore, chunk_tokens_for, model_fingerprint
+    from radixrt.mem_cache.host_pool import HostPool
+
+    pool, ps = runner.kv_pool, args.page_size
+    policy = args.hicache_write_policy
+    if policy == "auto":  # NOTE: on CPU a write-through copy would duplicate the device pool for nothing
+        policy = "write_through" if runner.device.type == "cuda" else "write_back"
+    tokens = HostPool.size_tokens(pool, runner.allocator.total_slots, args.hicache_ratio, args.hicache_size)
+    host = HostPool(pool, tokens, ps) if tokens >= ps else None
+    disk = None
+    if args.hicache_storage_dir is not None:
+        cfg = runner.config
+        identity = {
+            "format": FORMAT,
+            "model": model_fingerprint(model_path),
+            "dtype": str(cfg.dtype),
+            "kv_dtype": str(pool.dtype),
+            "kv_scales": hashlib.blake2b(pool.scales_bytes(), digest_size=16).hexdigest(),
+            "kv_shape": [pool.num_layers, pool.num_kv_heads, pool.head_dim],
+            "page_size": ps,
+            "quantization": str(runner.quantization),
+            "tp": [getattr(args, "tp_size", 1), getattr(runner, "tp_rank", 0)],
+        }
+        disk = DiskStore(
+            args.hicache_storage_dir,
+            identity,
+            chunk_tokens_for(ps),
+            (pool.num_layers, pool.num_kv_heads, pool.head_dim),
+            pool.dtype,
+            int(args.hicache_storage_size * 2**30),
+        )
+    logger.info(
+        "hierarchical cache: host tier %d tokens (%s), disk tier %s",
+        host.total_slots if host is not None else 0,
+        policy,
+        disk.dir if disk is not None else "off",
+    )
+    return HiRadixCache(runner.allocator, pool, ps, args.radix_eviction_policy, host, disk, policy)
 
 
 class KVManager:
@@ -21,6 +81,7 @@ class KVManager:
         self.req_pool = req_pool
         self.tree = tree
         self.page_size = allocator.page_size
+        self.tiered = isinstance(tree, HiRadixCache)
 
     # -- capacity -------------------------------------------------------------------------------
     def available(self) -> int:
@@ -75,13 +136,46 @@ class KVManager:
         row = self.req_pool.alloc()
         if row is None:
             return False
-        match = self.tree.match_prefix(req.fill_ids[: req.max_prefix_len()], req.cache_salt)
+        ids = req.fill_ids[: req.max_prefix_len()]
+        match = self.tree.match_prefix(ids, req.cache_salt)
+        if isinstance(self.tree, HiRadixCache):
+            match = self._load_tiers(req, ids, match, self.tree)
         n = len(match.slots)
         if n:
             self.req_pool.req_to_token[row, :n] = match.slots
         self.tree.inc_lock_ref(match.last_node)
         req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = row, match.last_node, n, n
         return True
+
+    def _load_tiers(self, req: Req, ids: list[int], match: MatchResult, tree: HiRadixCache) -> MatchResult:
+        """Extend ``match`` on the device: first over its host-only nodes, then over disk chunks. Each
+        move happens only if device room can be made for all of it (evicting, with the matched prefix
+        locked); loaded tokens are counted on the request while it has not started."""
+        first_admission = req.retractions == 0 and not req.output_ids
+        if match.host_nodes:
+            need = match.host_len
+            tree.inc_lock_ref(match.last_node)
+            if need <= self.available():
+                with tree.pinned(match.host_nodes):
+                    self._make_room(need, req.tenant)
+            tree.dec_lock_ref(match.last_node)
+            match = tree.load_back(match)
+            if match.host_nodes:
+                return match  # no device room: the request computes the rest
+            if first_admission:
+                req.cached_host_tokens += need
+        plan = tree.disk_plan(ids, req.cache_salt, len(match.slots))
+        if plan is not None:
+            tree.inc_lock_ref(match.last_node)
+            room = plan.tokens <= self.available()
+            if room:
+                self._make_room(plan.tokens, req.tenant)
+            tree.dec_lock_ref(match.last_node)
+            if room:
+                match, loaded = tree.load_disk(ids, req.cache_salt, req.tenant, match, plan)
+                if first_admission:
+                    req.cached_disk_tokens += loaded
+        return match
 
     # -- caching and release --------------------------------------------------------------------
     def cache_unfinished(self, req: Req) -> None:
@@ -124,6 +218,11 @@ class KVManager:
         self.req_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
 
+    def close(self) -> None:
+        """Finish the tiers' background work (the disk tier's queued writes)."""
+        if isinstance(self.tree, HiRadixCache):
+            self.tree.close()
+
     # -- accounting -----------------------------------------------------------------------------
     def owned_slots(self, req: Req) -> int:
         """Slots held by ``req`` outside the tree (its uncached pages)."""
@@ -137,6 +236,8 @@ class KVManager:
         tree = self.tree
         evictable, protected = tree.evictable_size(), tree.protected_size()
         assert evictable + protected == tree.total_size(), "tree sizes disagree"
+        if isinstance(tree, HiRadixCache):
+            tree.check_tiers(idle)
         in_use = sum(self.owned_slots(r) for r in live)
         free = self.allocator.available_size()
         total = self.allocator.total_slots

@@ -13,7 +13,7 @@ from kernels.base import AttentionMetadata, ForwardMode, get_backend_class
 from radixrt.distributed.tensor_parallel import check_divisible, shard_model
 from radixrt.distributed.tp_group import TPGroup, init_group, ranks_of_node
 from radixrt.mem_cache.allocator import TokenSlotAllocator
-from radixrt.mem_cache.kv_pool import KVPool
+from radixrt.mem_cache.kv_pool import KVPool, is_fp8, kv_storage_dtype
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
 from radixrt.models.config import ModelConfig, cpu_has_native_bf16
 from radixrt.models.gguf import gguf_source
@@ -67,7 +67,10 @@ class ModelRunner:
             self.quantization = resolve_quantization(args.quantization, gguf_file)
             apply_quantization(self.model, self.quantization, Path(model_path), gguf_file)
         kv_heads = cfg.num_kv_heads // tp
-        per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, cfg.dtype)
+        kv_dtype = kv_storage_dtype(args.kv_cache_dtype, cfg.dtype)
+        if is_fp8(kv_dtype) and tp > 1:
+            raise ValueError("kv_cache_dtype: fp8 KV is not supported with tp_size > 1 yet")
+        per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, kv_dtype)
         if args.max_total_tokens is not None:
             num_slots = args.max_total_tokens
         else:
@@ -79,7 +82,9 @@ class ModelRunner:
             num_slots = box[0]
         ps = args.page_size
         num_slots = (num_slots + ps) // ps * ps  # one extra page for the reserved padding page
-        self.kv_pool = KVPool(num_slots, cfg.num_layers, kv_heads, cfg.head_dim, cfg.dtype, self.device)
+        self.kv_pool = KVPool(
+            num_slots, cfg.num_layers, kv_heads, cfg.head_dim, cfg.dtype, self.device, store_dtype=kv_dtype
+        )
         # NOTE: slot bookkeeping (free lists, the request -> slot table, the RadixCache's slots) stays on
         # the host on every device: metadata is built there and copied once per forward.
         self.allocator = TokenSlotAllocator(num_slots, ps)
@@ -94,8 +99,15 @@ class ModelRunner:
             cfg.head_dim**-0.5,
             cfg.sliding_window,
         )
+        if is_fp8(kv_dtype) and self.attention_backend != "torch_native":
+            raise ValueError(
+                f"kv_cache_dtype {args.kv_cache_dtype}: only the torch_native attention backend reads "
+                f"float8 KV so far, not {self.attention_backend}"
+            )
         self.graph_runner: DecodeGraphRunner | None = None
         self.cuda_graph_runner: CudaGraphRunner | None = None
+        if self.kv_pool.k_scale is not None:
+            self._calibrate_kv_scales()
         if tp > 1:
             logger.info(
                 "tensor parallel rank %d/%d: decode runs eagerly (no compile or CUDA graphs)", tp_rank, tp
@@ -139,6 +151,24 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.close()
             self.tp = None
+
+    def _calibrate_kv_scales(self, num_tokens: int = 256) -> None:
+        """e4m3 KV: per-head scales from the |K| / |V| maxima of one prefill of fixed pseudo-random tokens
+        (deterministic, so a restarted server gets the same scales and its disk tier stays valid)."""
+        n = min(num_tokens, self.context_len - 1, self.allocator.total_slots - 1)
+        vocab = self.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(min(100, vocab // 2), vocab, (n,), generator=gen).tolist()
+        row, slots = self.req_to_token_pool.alloc(), self.allocator.alloc(n)
+        assert row is not None and slots is not None
+        self.req_to_token_pool.req_to_token[row, :n] = slots
+        self.kv_pool.begin_calibration()
+        try:
+            self.forward(ForwardInput(ForwardMode.EXTEND, [row], [0], [n], ids, torch.arange(n)))
+        finally:
+            self.kv_pool.end_calibration()
+            self.allocator.free(slots)
+            self.req_to_token_pool.free(row)
 
     def _init_cuda_graphs(self) -> None:
         if self.args.disable_cuda_graph:

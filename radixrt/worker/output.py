@@ -175,6 +175,9 @@ class OutputMixin:
                     out.input_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs
                     req.input_logprobs, req.input_top_logprobs = [], []
                 req.pending_logprobs, req.pending_top_logprobs = [], []
+            if self.kv.tiered:
+                out.cached_tokens_host = req.cached_host_tokens
+                out.cached_tokens_disk = req.cached_disk_tokens
             req.pending_out = []
             if req.finish_reason is not None:
                 self.by_rid.pop(req.rid, None)

@@ -32,6 +32,8 @@ class Req:
         "cached_len",
         "last_node",
         "cached_tokens",
+        "cached_host_tokens",
+        "cached_disk_tokens",
         "finish_reason",
         "extend_len",
         "fill_ids",
@@ -69,6 +71,9 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None
         self.cached_tokens = 0
+        # Of cached_tokens, those loaded from the host and disk tiers (the rest were on the device).
+        self.cached_host_tokens = 0
+        self.cached_disk_tokens = 0
         self.finish_reason: dict[str, Any] | None = None
         self.extend_len = 0
         self.fill_ids: list[int] = self.origin_input_ids

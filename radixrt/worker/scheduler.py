@@ -15,7 +15,6 @@ import torch
 
 from kernels.base import ForwardMode
 from radixrt.constrained.grammar import GrammarBackend, GrammarError, grammar_key
-from radixrt.mem_cache.radix_cache import RadixCache
 from radixrt.protocol import (
     AbortReq,
     BatchTokenOut,
@@ -29,7 +28,7 @@ from radixrt.protocol import (
 )
 from radixrt.server_args import ServerArgs
 from radixrt.tenants import TenantConfig
-from radixrt.worker.kv_manager import KVManager
+from radixrt.worker.kv_manager import KVManager, build_tree
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.output import OutputMixin
 from radixrt.worker.req import Req
@@ -68,12 +67,7 @@ class Scheduler(OutputMixin):
         self.runner = ModelRunner(args, model_path)
         self.vocab_size = self.runner.config.vocab_size
         self.eos_ids = set(eos_token_ids) | set(self.runner.config.eos_token_ids)
-        self.tree = RadixCache(
-            self.runner.allocator,
-            args.page_size,
-            args.radix_eviction_policy,
-            disable=args.disable_radix_cache,
-        )
+        self.tree = build_tree(args, self.runner, model_path)
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token_pool, self.tree)
         self.ledger: TenantLedger | None = None
         if args.tenants is not None:
@@ -103,6 +97,7 @@ class Scheduler(OutputMixin):
                 self.step()
         finally:
             self.runner.close()
+            self.kv.close()
 
     def is_idle(self) -> bool:
         return not (self.waiting or self.running or self.chunked or self.grammar_waiting or self.jumped)
@@ -303,6 +298,8 @@ class Scheduler(OutputMixin):
             headroom -= need
             if req.retractions == 0 and not req.output_ids:
                 req.cached_tokens = req.kv_len
+                req.cached_disk_tokens = min(req.cached_disk_tokens, req.kv_len)
+                req.cached_host_tokens = min(req.cached_host_tokens, req.kv_len - req.cached_disk_tokens)
             req.extend_len = take
             self.waiting.remove(req)
             batch.append(req)

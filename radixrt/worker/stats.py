@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixrt.mem_cache.hiradix_cache import HiRadixCache
 from radixrt.worker.req import Req
 
 if TYPE_CHECKING:
@@ -20,6 +21,8 @@ class SchedulerStats:
     num_finished: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
+    cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
     computed_prefill_tokens: int = 0
     generation_tokens: int = 0
     retractions: int = 0
@@ -43,6 +46,8 @@ class SchedulerStats:
     def on_finish(self, req: Req) -> None:
         self.num_finished += 1
         self.cached_tokens += req.cached_tokens
+        self.cached_host_tokens += req.cached_host_tokens
+        self.cached_disk_tokens += req.cached_disk_tokens
         self.generation_tokens += len(req.output_ids)
         if self.tenants is not None:
             self.tenants.on_finish(req)
@@ -51,11 +56,16 @@ class SchedulerStats:
         kv = sched.kv
         total = kv.allocator.total_slots
         used = total - kv.allocator.available_size() - kv.tree.evictable_size()
+        tiers = kv.tree.tier_snapshot() if isinstance(kv.tree, HiRadixCache) else {}
         return {
+            **tiers,
             "num_requests": self.num_requests,
             "num_finished": self.num_finished,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "cached_tokens_device": self.cached_tokens - self.cached_host_tokens - self.cached_disk_tokens,
+            "cached_tokens_host": self.cached_host_tokens,
+            "cached_tokens_disk": self.cached_disk_tokens,
             "computed_prefill_tokens": self.computed_prefill_tokens,
             "generation_tokens": self.generation_tokens,
             "retractions": self.retractions,

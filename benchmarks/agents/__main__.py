@@ -1,0 +1,138 @@
+"""``python -m benchmarks.agents``: the agent / RAG benchmark suite (see ``benchmarks/agents/__init__.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from benchmarks.agents.backends import ALL_BACKENDS
+from benchmarks.agents.data import DEFAULT_DATA
+from benchmarks.agents.report import detail_table, headline_table, plot, targets_text
+from benchmarks.agents.suite import WORKLOADS, build_workloads, jsonl_writer, run_suite
+from benchmarks.agents.workload import Scale
+from benchmarks.common import RESULTS_DIR, machine_info, update_readme_section, write_json
+
+
+def _list(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in _list(s)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.agents", description=__doc__)
+    p.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="HotpotQA ReAct traces (jsonl), read in place"
+    )
+    p.add_argument(
+        "--workloads", type=_list, default=list(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}"
+    )
+    p.add_argument(
+        "--backends",
+        type=_list,
+        default=None,
+        help=f"comma list of {','.join(ALL_BACKENDS)},url (default: all; url with --base-url)",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="full size: SGLang's workload sizes, --parallel 1,4,8,16 on every backend, 2 waves",
+    )
+    p.add_argument(
+        "--parallel", type=_ints, default=None, help="programs in flight for the sweep (default 1,8)"
+    )
+    p.add_argument(
+        "--sweep-backends",
+        type=_list,
+        default=None,
+        help="backends run at every --parallel (default radixrt; full: all); the rest at --headline",
+    )
+    p.add_argument("--headline", type=int, default=8, help="the parallelism of the summary table (default 8)")
+    p.add_argument(
+        "--min-programs", type=int, default=2, help="programs per run: max(parallel, this) x --waves"
+    )
+    p.add_argument("--waves", type=int, default=None, help="default 1 (full: 2)")
+    p.add_argument(
+        "--hf-programs", type=int, default=None, help="programs per HF run (sequential; default 1, full 4)"
+    )
+    p.add_argument("--kv-tokens", type=int, default=65536, help="radixrt KV pool (ample for every workload)")
+    p.add_argument("--model-path", default=None, help="radixrt/HF model (default: the embedded SmolLM2-135M)")
+    p.add_argument("--gguf", default=None, help="llama.cpp's model file (default: the embedded GGUF)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) - 1),
+        help="compute threads of every system (radixrt worker, Engine, llama.cpp, HF); default: cores - 1, "
+        "what radixrt's server picks (a core stays for the HTTP side and the client)",
+    )
+    p.add_argument("--llama-ctx", type=int, default=8192)
+    p.add_argument(
+        "--hf-dtype", default="bfloat16", help="HF transformers dtype (radixrt's auto is bf16 here)"
+    )
+    p.add_argument("--base-url", default=None, help="any OpenAI-compatible server (adds the `url` backend)")
+    p.add_argument("--base-url-model", default="default")
+    p.add_argument(
+        "--base-url-tokenizer", default=None, help="its model's HF directory (token counts, template)"
+    )
+    p.add_argument(
+        "--base-url-select", action="store_true", help="it returns prompt logprobs (echo + logprobs)"
+    )
+    p.add_argument("--base-url-api-key", default=None)
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "agents.json")
+    p.add_argument("--plot-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp/radixrt-agents-logs"))
+    p.add_argument("--readme", action="store_true", help="write the summary into benchmarks/README.md")
+    ns = p.parse_args(argv)
+    ns.backends = ns.backends or [*ALL_BACKENDS, *(["url"] if ns.base_url else [])]
+    ns.parallel = ns.parallel or ([1, 4, 8, 16] if ns.full else [1, 8])
+    ns.sweep_backends = ns.sweep_backends or (list(ns.backends) if ns.full else ["radixrt"])
+    ns.waves = ns.waves or (2 if ns.full else 1)
+    ns.hf_programs = ns.hf_programs or (4 if ns.full else 1)
+    if "url" in ns.backends and not ns.base_url:
+        p.error("the url backend needs --base-url")
+    if not ns.data.is_file():
+        p.error(f"--data {ns.data}: no such file (the HotpotQA ReAct traces, e.g. ../shared/data/react/)")
+    return ns
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    # NOTE: one compute thread per system on this shared 2-core machine: with 2 threads, llama.cpp decoded
+    # at 2.7 tok/s instead of 67 and HF's prefill varied 2-25 s while another job held a core (spinning
+    # thread barriers); radixrt's server worker reads OMP_NUM_THREADS, the in-process Engine too.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+    scale = Scale.full() if args.full else Scale()
+    workloads = build_workloads(args.data, scale, args.workloads)
+    info = machine_info(args.threads)
+    runs = run_suite(args, workloads, jsonl_writer(args.out.with_name(args.out.stem + "_runs.jsonl")))
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    settings["data"] = args.data.name
+    write_json(args.out, {"machine": info, "args": settings, "scale": {f: getattr(scale, f) for f in scale.__slots__},
+                          "workloads": {w.name: w.description for w in workloads}, "runs": runs})  # fmt: skip
+    tp, hit = args.plot_dir / "agents_programs_per_s.png", args.plot_dir / "agents_hit_rate.png"
+    plot(runs, tp, hit, args.headline)
+    summary = headline_table(runs, args.headline)
+    details = detail_table(runs)
+    goals = targets_text(runs, args.headline)
+    print(f"\n{summary}\n\n{goals}\n\n{details}\n")
+    if args.readme:
+        systems = dict.fromkeys(f"- `{r['backend']}`: {r['system']}" for r in runs if r.get("system"))
+        size = "full" if args.full else "default (small)"
+        text = (f"{size} size, {info['date']}, {info['cpu_cores']} CPU cores, load avg at start "
+                f"{info['load_avg_at_start'][0] if info['load_avg_at_start'] else '?'}; programs/s at parallel "
+                f"{args.headline} (hf: sequential, parallel 1).\n\n{summary}\n\n{goals}\n\n<details><summary>every run"
+                f"</summary>\n\n{details}\n\n</details>\n\nSystems:\n" + "\n".join(systems) + "\n\nWorkloads:\n"
+                + "\n".join(f"- `{w.name}`: {w.description}" for w in workloads)
+                + "\n\n![programs/s vs parallelism](results/agents_programs_per_s.png)\n\n"
+                "![hit rate vs optimum](results/agents_hit_rate.png)")  # fmt: skip
+        update_readme_section("agents", text)
+
+
+if __name__ == "__main__":
+    main()
