@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.agents.backends import ALL_BACKENDS
 from benchmarks.agents.data import DEFAULT_DATA
-from benchmarks.agents.report import detail_table, headline_table, plot, targets_text
+from benchmarks.agents.report import cpu_table, detail_table, headline_table, plot, targets_text
 from benchmarks.agents.suite import WORKLOADS, build_workloads, jsonl_writer, run_suite
 from benchmarks.agents.workload import Scale
 from benchmarks.common import RESULTS_DIR, machine_info, update_readme_section, write_json
@@ -87,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/radixrt-agents-logs"))
     p.add_argument("--readme", action="store_true", help="write the summary into benchmarks/README.md")
+    p.add_argument(
+        "--from-json", type=Path, default=None, help="re-render plots/tables/README from a saved --out"
+    )
     ns = p.parse_args(argv)
     ns.backends = ns.backends or [*ALL_BACKENDS, *(["url"] if ns.base_url else [])]
     ns.parallel = ns.parallel or ([1, 4, 8, 16] if ns.full else [1, 8])
@@ -102,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.from_json is not None:  # re-render tables, plots and README from a saved run
+        render(json.loads(args.from_json.read_text(encoding="utf-8")), args)
+        return
     # NOTE: one compute thread per system on this shared 2-core machine: with 2 threads, llama.cpp decoded
     # at 2.7 tok/s instead of 67 and HF's prefill varied 2-25 s while another job held a core (spinning
     # thread barriers); radixrt's server worker reads OMP_NUM_THREADS, the in-process Engine too.
@@ -110,28 +119,43 @@ def main(argv: list[str] | None = None) -> None:
     scale = Scale.full() if args.full else Scale()
     workloads = build_workloads(args.data, scale, args.workloads)
     info = machine_info(args.threads)
+    t0 = time.perf_counter()
     runs = run_suite(args, workloads, jsonl_writer(args.out.with_name(args.out.stem + "_runs.jsonl")))
+    info |= {"suite_wall_s": time.perf_counter() - t0, "load_avg_at_end": list(os.getloadavg())}
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     settings["data"] = args.data.name
-    write_json(args.out, {"machine": info, "args": settings, "scale": {f: getattr(scale, f) for f in scale.__slots__},
-                          "workloads": {w.name: w.description for w in workloads}, "runs": runs})  # fmt: skip
-    tp, hit = args.plot_dir / "agents_programs_per_s.png", args.plot_dir / "agents_hit_rate.png"
-    plot(runs, tp, hit, args.headline)
-    summary = headline_table(runs, args.headline)
-    details = detail_table(runs)
-    goals = targets_text(runs, args.headline)
-    print(f"\n{summary}\n\n{goals}\n\n{details}\n")
-    if args.readme:
-        systems = dict.fromkeys(f"- `{r['backend']}`: {r['system']}" for r in runs if r.get("system"))
-        size = "full" if args.full else "default (small)"
-        text = (f"{size} size, {info['date']}, {info['cpu_cores']} CPU cores, load avg at start "
-                f"{info['load_avg_at_start'][0] if info['load_avg_at_start'] else '?'}; programs/s at parallel "
-                f"{args.headline} (hf: sequential, parallel 1).\n\n{summary}\n\n{goals}\n\n<details><summary>every run"
-                f"</summary>\n\n{details}\n\n</details>\n\nSystems:\n" + "\n".join(systems) + "\n\nWorkloads:\n"
-                + "\n".join(f"- `{w.name}`: {w.description}" for w in workloads)
-                + "\n\n![programs/s vs parallelism](results/agents_programs_per_s.png)\n\n"
-                "![hit rate vs optimum](results/agents_hit_rate.png)")  # fmt: skip
-        update_readme_section("agents", text)
+    data = {"machine": info, "args": settings, "scale": {f: getattr(scale, f) for f in scale.__slots__},
+            "workloads": {w.name: w.description for w in workloads}, "runs": runs}  # fmt: skip
+    write_json(args.out, data)
+    render(data, args)
+
+
+def render(data: dict[str, Any], args: argparse.Namespace) -> None:
+    """Plots, the summary on stdout and (``--readme``) the README section, from one suite's results."""
+    runs, info, headline = data["runs"], data["machine"], int(data["args"]["headline"])
+    plot(runs, args.plot_dir / "agents_programs_per_s.png", args.plot_dir / "agents_hit_rate.png", headline)
+    summary, cpu = headline_table(runs, headline), cpu_table(runs, headline)
+    details, goals = detail_table(runs), targets_text(runs, headline)
+    print(f"\n{summary}\n\n{cpu}\n\n{goals}\n\n{details}\n")
+    if not args.readme:
+        return
+    systems = dict.fromkeys(f"- `{r['backend']}`: {r['system']}" for r in runs if r.get("system"))
+    size = "full" if data["args"]["full"] else "default (small)"
+    load = [
+        round(x, 1)
+        for x in (info.get("load_avg_at_start") or [])[:1] + (info.get("load_avg_at_end") or [])[:1]
+    ]
+    wall = f", {info['suite_wall_s'] / 60:.0f} min for the whole suite" if info.get("suite_wall_s") else ""
+    text = (f"`python -m benchmarks.agents --readme`: {size} size, {info['date']}, {info['cpu_cores']} CPU cores, "
+            f"{info['torch_threads']} compute thread(s) per system, load average {' -> '.join(map(str, load))} "
+            f"(start -> end){wall}. Programs/s at parallel {headline} (hf: sequential, parallel 1):\n\n{summary}"
+            f"\n\nCPU seconds per program (the system's own processes; outside load inflates wall time, much less "
+            f"this):\n\n{cpu}\n\n{goals}\n\n<details><summary>every run</summary>\n\n{details}\n\n</details>\n\n"
+            "Systems:\n" + "\n".join(systems) + "\n\nWorkloads:\n"
+            + "\n".join(f"- `{name}`: {desc}" for name, desc in data["workloads"].items())
+            + "\n\n![programs/s vs parallelism](results/agents_programs_per_s.png)\n\n"
+            "![hit rate vs optimum](results/agents_hit_rate.png)")  # fmt: skip
+    update_readme_section("agents", text)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ class LlamaCppSide(Side):
         self._start()
 
     def describe(self) -> str:
-        return " ".join(["python -m llama_cpp.server", *self._cmd(0)[3:]]).replace(str(self.gguf), "<gguf>")
+        cmd = " ".join(["python -m llama_cpp.server", *self._cmd(0)[3:]])
+        return cmd.replace(str(self.gguf), "<gguf>").replace("--port 0", "--port PORT")
 
     def close(self) -> None:
         self.backend.shutdown()
