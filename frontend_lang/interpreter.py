@@ -33,6 +33,7 @@ from frontend_lang.ir import (
     VarScopeBegin,
     VarScopeEnd,
 )
+from frontend_lang.retention import branch_priority
 
 if TYPE_CHECKING:
     from frontend_lang.backends.base import BaseBackend
@@ -54,11 +55,12 @@ class _Fail(Expr):
 
 class ProgramRun:
     """The run of one program function, shared by its state and the states forked off it: which
-    thread drives it and whether it has returned."""
+    thread drives it, whether it has returned, and the retention priority its requests carry."""
 
-    def __init__(self) -> None:
+    def __init__(self, priority: int | None = None) -> None:
         self.driver: threading.Thread | None = None
         self.returned = threading.Event()
+        self.priority = priority
 
     def settled(self) -> bool:
         """True when nothing more can be queued behind this thread's back: the function returned, or
@@ -92,6 +94,7 @@ class StreamExecutor:
         self.variables: dict[str, Any] = {}
         self.assigned: set[str] = set()  # variables set by this executor (a fork's own results)
         self.fork_pos = 0  # len(text_) when this executor was forked off its parent
+        self.fork_depth = 0  # forks between the program's own state and this one
         self.meta_info: dict[str, Any] = {}
         self.error_: BaseException | None = None
         self.ret_value: Any = None
@@ -105,6 +108,7 @@ class StreamExecutor:
         self.log: list[tuple[str | None, str]] = []
         self.finished = False
         self._children: list[StreamExecutor] = []  # forks, ended with this executor if never joined
+        self._pins: list[tuple[list[StreamExecutor], str]] = []  # (fork branches, pin of their prefix)
         self.program = ProgramRun()
         self._closed = False  # end() was called: no more expressions
         self._queue: queue.Queue[Expr | None] = queue.Queue()
@@ -185,20 +189,46 @@ class StreamExecutor:
 
     def context(self) -> PromptContext:
         role_text = self.text_[self._role_start :] if self.cur_role else ""
-        return PromptContext(self.text_, list(self.messages_), self.cur_role, role_text)
+        prio = self.program.priority
+        if prio is not None:
+            prio = branch_priority(prio, self.fork_depth)
+        return PromptContext(self.text_, list(self.messages_), self.cur_role, role_text, prio)
 
     def fork(self, size: int) -> list[StreamExecutor]:
         """Run what is queued, commit the shared text to the backend's cache (one prefill-only
-        request) and return ``size`` executors that continue from here, each on its own thread."""
+        request; with retention hints a pin, which caches it and is released at the join or once
+        the branches have finished) and return ``size`` executors that continue from here, each on
+        its own thread."""
         self.sync()
+        pin_id = None
         if self.error_ is None and size > 1 and self.text_:
             try:
-                self.backend.cache_prefix(self.text_)
+                pin_id = self.backend.pin_prefix(self.text_)
+                if pin_id is None:
+                    self.backend.cache_prefix(self.text_)
             except Exception as exc:  # noqa: BLE001 - surfaced through state.error()
                 self.fail(exc)
         children = [self.fork_child() for _ in range(size)]
         self._children.extend(children)
+        if pin_id is not None:
+            self._pins.append((children, pin_id))
         return children
+
+    def _release_pins(self, children: list[StreamExecutor] | None = None) -> None:
+        """Release the pins of the forks whose branches are ``children`` (None: of every fork, once
+        its branches have finished)."""
+        keep = []
+        for branches, pin_id in self._pins:
+            if children is not None and branches != children:
+                keep.append((branches, pin_id))
+                continue
+            for branch in branches:
+                branch._thread.join()
+            try:
+                self.backend.release_pin(pin_id)
+            except Exception as exc:  # noqa: BLE001 - surfaced through state.error()
+                self.fail(exc)
+        self._pins = keep
 
     def join(self, children: list[StreamExecutor], mode: str) -> None:
         """Queue the merge of ``children`` (see ``ProgramStateGroup.join``)."""
@@ -217,6 +247,7 @@ class StreamExecutor:
             self._role_suffix,
         )
         child.fork_pos = len(self.text_)
+        child.fork_depth = self.fork_depth + 1
         child.program = self.program  # the branches are driven by this program's function
         for name in child.variables:
             child._events[name].set()
@@ -227,6 +258,7 @@ class StreamExecutor:
         while True:
             expr = self._queue.get()
             if expr is None:
+                self._release_pins()
                 with self.cond:
                     self.finished = True
                     for event in list(self._events.values()):
@@ -331,6 +363,7 @@ class StreamExecutor:
     def _join(self, expr: _Join) -> None:
         for child in expr.children:
             child.end(wait=True)
+        self._release_pins(expr.children)
         failed = next((c.error_ for c in expr.children if c.error_ is not None), None)
         if failed is not None:
             raise failed

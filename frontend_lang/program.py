@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from frontend_lang.chat_template import get_chat_template
 from frontend_lang.interpreter import StreamExecutor
 from frontend_lang.ir import GenParams
+from frontend_lang.retention import next_program_priority
 from frontend_lang.state import ProgramState
 from frontend_lang.tracer import (
     Placeholder,
@@ -149,6 +150,7 @@ class Program:
     ) -> ProgramState:
         arguments = {**self.bind_arguments, **arguments}
         executor = StreamExecutor(backend, arguments, params, backend.get_chat_template(), stream)
+        executor.program.priority = next_program_priority()
         state = ProgramState(executor)
 
         def body() -> None:
@@ -181,7 +183,8 @@ class Program:
         """Run once per argument dict, concurrently; the states come back in input order.
 
         The program is traced first: the text every run starts with is cached once (one prefill-only
-        request) before the runs start. ``num_threads="auto"`` runs up to 64 programs at a time.
+        request) before the runs start, and pinned until they have all finished (a retention hint;
+        see ``frontend_lang.retention``). ``num_threads="auto"`` runs up to 64 programs at a time.
         Unlike ``run``, it returns when every run has finished.
         """
         if current_tracer() is not None:
@@ -193,10 +196,27 @@ class Program:
         params = default_params(**run_kwargs)
         if not batch_kwargs:
             return []
+        pin_id = None
         if len(batch_kwargs) > 1:
             prefix = self.trace(backend=backend_).prefix
             if prefix:
-                backend_.cache_prefix(prefix)
+                pin_id = backend_.pin_prefix(prefix)
+                if pin_id is None:
+                    backend_.cache_prefix(prefix)
+        try:
+            return self._run_all(backend_, batch_kwargs, params, num_threads, progress_bar)
+        finally:
+            if pin_id is not None:
+                backend_.release_pin(pin_id)
+
+    def _run_all(
+        self,
+        backend_: BaseBackend,
+        batch_kwargs: list[dict[str, Any]],
+        params: GenParams,
+        num_threads: int | str,
+        progress_bar: bool,
+    ) -> list[ProgramState]:
         if num_threads == "auto":
             workers = min(len(batch_kwargs), 64, max(8, 4 * (os.cpu_count() or 1)))
         elif isinstance(num_threads, int) and num_threads >= 1:

@@ -112,7 +112,8 @@ class ProgramState:
     # -- fork -----------------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
         """``size`` copies of this state that continue independently (and concurrently). The shared
-        text is committed to the server's cache first, so every branch reuses it."""
+        text is committed to the server's cache first, so every branch reuses it (and, with retention
+        hints on, pinned until the branches have finished)."""
         if size < 1:
             raise ValueError(f"fork: size must be >= 1, got {size}")
         return ProgramStateGroup([ProgramState(e) for e in self.executor.fork(size)], self)

@@ -25,6 +25,10 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
     stream: bool = False
     rid: str | list[str] | None = None
     cache_salt: str | list[str] | None = None
+    # Cache retention: the priority of the prefix it uses; a TTL pin of it when it finishes
+    # ({"type": "ephemeral", "ttl": 600 | "600" | "5m" | "1h"}).
+    priority: int | list[int] | None = None
+    cache_control: dict[str, Any] | list[dict[str, Any]] | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -70,6 +74,8 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
             return_text_in_logprobs=self.return_text_in_logprobs,
             rid=rid,
             cache_salt=pick(self.cache_salt, "cache_salt"),
+            priority=pick(self.priority, "priority"),
+            cache_control=pick(self.cache_control, "cache_control"),
         )
 
 
@@ -86,6 +92,8 @@ class SingleReq:
     return_text_in_logprobs: bool = False
     rid: str | None = None
     cache_salt: str | None = None
+    priority: int | None = None
+    cache_control: dict[str, Any] | None = None
 
 
 def _bad(name: str, why: str) -> Any:

@@ -1,8 +1,13 @@
 """``python -m radixrt.launch_server --model-path DIR --port 30000`` (the same as ``radixrt serve``).
 
 Starts the worker process (model + scheduler) and serves the HTTP API with uvicorn in this process.
-Logs the model, dtype and KV pool, the URL, a warm-up request and then a "ready" line. SIGINT and
-SIGTERM stop both processes and remove the ipc socket files.
+Logs the model, dtype and KV pool, the URL, a warm-up request and then a "ready" line. A worker that
+dies is restarted (`radixrt.worker_supervisor`); one that keeps dying is given up on and the server
+exits with code 1. The first SIGTERM or SIGINT drains: new requests get a 503, running ones get
+``--graceful-shutdown-timeout`` seconds to finish, the rest end with a 503 (JSON, or an SSE error event
+and [DONE]); then both processes stop and the ipc socket files are removed (exit code 0). A second
+signal stops at once. The API key may come from ``--api-key-file`` or ``$RADIXRT_API_KEY`` instead of
+``--api-key`` (which every local user sees in ``ps``).
 
 ``--dp-size N`` (N > 1) instead supervises N such servers on consecutive ports and the real sglang-router
 (``python -m sglang_router.launch_router``) in front of them on ``--port``; a stop signal, or the exit of
@@ -21,6 +26,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -28,8 +34,9 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -37,14 +44,87 @@ import uvicorn
 from radixrt import __version__
 from radixrt.http.app import build_app
 from radixrt.http.context import ServerContext
+from radixrt.http.errors import APIError
 from radixrt.models.resolve import resolve_model
 from radixrt.server_args import ServerArgs
-from radixrt.zmq_client import WorkerStartupError
+from radixrt.zmq_client import API_KEY_ENV, WorkerStartupError
 
 logger = logging.getLogger("radixrt.server")
 
 WARMUP_PROMPT = "The capital of France is"
 WARMUP_TIMEOUT_S = 600.0
+DRAIN_POLL_S = 0.05
+FAILED_FLUSH_S = 5.0  # after failing the requests left at the drain's end: time for their answers
+
+
+def resolve_api_key(args: ServerArgs, environ: Mapping[str, str] = os.environ) -> None:
+    """Set ``args.api_key`` from ``--api-key-file``, else from ``$RADIXRT_API_KEY`` when no
+    ``--api-key`` was given (ValueError naming the flag for a bad file)."""
+    if args.api_key_file is not None:
+        if args.api_key is not None:
+            raise ValueError("api_key_file: give --api-key or --api-key-file, not both")
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"api_key_file: cannot read {args.api_key_file}: {exc.strerror}") from None
+        if not key:
+            raise ValueError(f"api_key_file: {args.api_key_file} is empty")
+        args.api_key = key
+    elif args.api_key is None and environ.get(API_KEY_ENV):
+        args.api_key = environ[API_KEY_ENV]
+
+
+def _shutting_down(message: str) -> APIError:
+    return APIError(503, f"the server is shutting down{message}", code="server_shutting_down")
+
+
+def drain(ctx: ServerContext, timeout: float, hurry: threading.Event) -> None:
+    """Refuse new requests, wait up to ``timeout`` s (or until ``hurry``) for the running ones, end those
+    left with a 503."""
+    ctx.client.begin_drain(lambda: _shutting_down(""))
+    tm = ctx.tm
+    logger.info("draining: new requests get 503; %d running get up to %gs to finish", len(tm.states), timeout)
+    deadline = time.monotonic() + timeout
+    while tm.states and time.monotonic() < deadline and not hurry.is_set():
+        time.sleep(DRAIN_POLL_S)
+    if tm.states:
+        hurried = hurry.is_set()
+        why = "a second stop signal" if hurried else f"--graceful-shutdown-timeout {timeout:g}s"
+        logger.warning("%d request(s) still running after %s: ending them with 503", len(tm.states), why)
+        tm.fail_all(
+            _shutting_down(f": {why} ended the request" if hurried else f": not finished within {why}")
+        )
+        deadline = time.monotonic() + FAILED_FLUSH_S
+        while tm.states and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+    logger.info("drained")
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn whose first stop signal drains (`drain`) before it stops; a second one ends the drain's
+    wait (the running requests get their 503 now); a third stops at once."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self.draining: threading.Thread | None = None
+        self.hurry = threading.Event()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        name = signal.Signals(sig).name
+        if not self.started or self.should_exit or self.hurry.is_set():
+            super().handle_exit(sig, frame)
+        elif self.draining is not None:
+            logger.info("stop signal %s received again: ending the running requests now", name)
+            self.hurry.set()
+        else:
+            logger.info("stop signal %s received", name)
+            self.draining = threading.Thread(target=self._drain, name="radixrt-drain", daemon=True)
+            self.draining.start()
+
+    def _drain(self) -> None:
+        drain(self.ctx, self.ctx.args.graceful_shutdown_timeout, self.hurry)
+        self.should_exit = True
 
 
 class _Stop(Exception):
@@ -115,7 +195,8 @@ def launch_server(args: ServerArgs) -> int:
         lifespan="off",
         timeout_graceful_shutdown=3,
     )
-    server = uvicorn.Server(config)
+    server = _DrainingServer(config, ctx)
+    ctx.client.on_give_up = lambda reason: setattr(server, "should_exit", True)
     threading.Thread(target=_warm_up, args=(server, ctx, url), name="radixrt-warmup", daemon=True).start()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -131,15 +212,20 @@ def launch_server(args: ServerArgs) -> int:
     except (KeyboardInterrupt, _Stop):
         logger.info("stop signal received")
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a repeated stop signal must not cut this short
+            signal.signal(sig, signal.SIG_IGN)
         logger.info("shutting down the worker")
         ctx.shutdown()
         logger.info("shut down")
+    if ctx.client.gave_up:
+        logger.error("exiting with code 1: the worker kept dying")
+        code = 1
     return code
 
 
 # --- data parallelism: N servers behind sglang-router ------------------------------------------------
 
-DP_FLAGS = ("dp_size", "router_policy", "router_dp_worker_base_port", "port")
+DP_FLAGS = ("dp_size", "router_policy", "router_dp_worker_base_port", "port", "api_key", "api_key_file")
 ROUTER_READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1
@@ -147,7 +233,8 @@ _PR_SET_PDEATHSIG = 1
 
 def dp_server_flags(args: ServerArgs, port: int) -> list[str]:
     """The command-line flags of one data-parallel server: every setting that differs from its
-    default (so KV budgets and the like apply per server), its own port, no DP flags."""
+    default (so KV budgets and the like apply per server), its own port, no DP flags and no API key
+    (that travels in the environment, `dp_server_env`)."""
     out = ["--port", str(port)]
     for f in fields(ServerArgs):
         value = getattr(args, f.name)
@@ -158,6 +245,14 @@ def dp_server_flags(args: ServerArgs, port: int) -> list[str]:
     return out
 
 
+def dp_server_env(args: ServerArgs) -> dict[str, str]:
+    """The environment of a data-parallel server: ours, with the API key in ``$RADIXRT_API_KEY``."""
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    if args.api_key:
+        env[API_KEY_ENV] = args.api_key
+    return env
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the supervisor dies, even by SIGKILL (Linux)."""
     try:
@@ -166,10 +261,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # NOTE: a session of its own, so that a terminal's Ctrl-C reaches only the supervisor, which then
     # stops the router before the servers behind it.
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, env=env)
 
 
 def _port_taken(host: str, port: int) -> bool:
@@ -230,8 +325,9 @@ def launch_dp(args: ServerArgs) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     names = [f"server on port {p}" for p in ports]
+    env = dp_server_env(args)
     servers = [
-        _spawn([sys.executable, "-m", "radixrt.launch_server", *dp_server_flags(args, p)]) for p in ports
+        _spawn([sys.executable, "-m", "radixrt.launch_server", *dp_server_flags(args, p)], env) for p in ports
     ]
     procs, router = list(servers), None  # procs: every process watched, the router first once started
     urls = [f"http://{host}:{p}" for p in ports]
@@ -353,6 +449,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m radixrt.launch_se
     ns = parser.parse_args(argv)
     try:
         args = ServerArgs.from_cli(ns)
+        resolve_api_key(args)
         check_launch_args(args)
     except ValueError as exc:
         parser.error(str(exc))

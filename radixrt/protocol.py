@@ -25,6 +25,8 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     cache_salt: str | None = None  # the client's salt; the worker derives the namespace with the tenant
     tenant: str | None = None  # set by the server from the API key when tenants exist
+    priority: int | None = None  # cache priority of the prefix it uses (--radix-eviction-policy priority)
+    pin_ttl: float | None = None  # seconds to pin its cached prefix for when it finishes (cache_control)
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -40,6 +42,25 @@ class FlushCacheReq(msgspec.Struct, tag=True):
 
 class GetStatsReq(msgspec.Struct, tag=True):
     """Ask the worker for a StatsOut snapshot."""
+
+
+class ListPinsReq(msgspec.Struct, tag=True):
+    """Ask for the live TTL pins (StatsOut.pins)."""
+
+
+class DropPinsReq(msgspec.Struct, tag=True):
+    """Release one TTL pin (``pin_id``) or all of them (None); StatsOut.ok is False for an unknown id."""
+
+    pin_id: str | None = None
+
+
+class PinInfo(msgspec.Struct):
+    """One live TTL pin of the RadixCache."""
+
+    pin_id: str
+    tokens: int
+    expires_in_s: float
+    tenant: str | None
 
 
 class ReqOut(msgspec.Struct, array_like=True):
@@ -61,6 +82,9 @@ class ReqOut(msgspec.Struct, array_like=True):
     # With the hierarchical cache: how many of cached_tokens came from the host and disk tiers.
     cached_tokens_host: int | None = None
     cached_tokens_disk: int | None = None
+    # With cache_control on a finished request: the prefix tokens pinned (0: none fit) and the pin's id.
+    pinned_tokens: int | None = None
+    pin_id: str | None = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):
@@ -76,6 +100,7 @@ class StatsOut(msgspec.Struct, tag=True):
     message: str = ""
     stats: dict[str, float] = msgspec.field(default_factory=dict)
     tenants: dict[str, dict[str, float]] | None = None  # per tenant (TenantLedger.snapshot)
+    pins: list[PinInfo] | None = None  # answered to ListPinsReq
 
 
 class WorkerReady(msgspec.Struct, tag=True):
@@ -98,6 +123,6 @@ class WorkerStartupFailed(msgspec.Struct, tag=True):
     message: str
 
 
-WorkerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq
+WorkerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq | ListPinsReq | DropPinsReq
 WorkerOutput = BatchTokenOut | StatsOut
 WorkerHandshake = WorkerReady | WorkerStartupFailed

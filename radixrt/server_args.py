@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-EVICTION_POLICIES = ("lru", "lfu")
+EVICTION_POLICIES = ("lru", "lfu", "priority")  # priority: lower request priority evicted first, then LRU
 # NOTE: radixrt.layers.QUANTIZATION_CHOICES, spelled here so that parsing flags does not import torch.
 QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
 DEVICES = ("auto", "cpu", "cuda")
@@ -40,6 +40,7 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"
+    max_pinned_ratio: float = 0.5  # share of the device KV pool that TTL pins (cache_control) may hold
     # KV memory hierarchy (SGLang's names): a host tier behind the device pool, a persistent disk tier.
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0  # host pool tokens = ratio x device pool tokens
@@ -52,11 +53,25 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
+    api_key_file: str | None = None  # a file holding the API key (keeps it off the command line)
+    max_request_bytes: int = 16 * 2**20  # a larger request body is refused (413) before it is read whole
     log_level: str = "info"
     served_model_name: str | None = None
     disable_jump_forward: bool = False
     json_whitespace: bool = False
-    grammar_compile_timeout: float = 30.0
+    grammar_compile_timeout: float = 30.0  # seconds, from the moment a thread starts compiling
+    # Grammar limits: compiled grammars cached LRU by bytes; a constraint (regex / json_schema / ebnf
+    # text) above max_grammar_bytes is a 400; a client (tenant, else everyone) with
+    # max_grammar_compiles_per_client compilations queued or running gets a 429 for a new one.
+    grammar_cache_size_mb: float = 256.0
+    max_grammar_bytes: int = 262144
+    grammar_compile_threads: int = 2
+    max_grammar_compiles_per_client: int = 4
+    # Admission control: the worker's waiting queue holds at most this many requests (each of n counts);
+    # beyond it a request is refused with HTTP 429 and Retry-After. SGLang's name; 0 = unbounded.
+    max_queued_requests: int = 4096
+    max_batch_size: int = 1024  # most prompts in one /generate or /v1/completions batch (400 beyond)
+    request_timeout: float | None = None  # seconds from arrival; longer requests fail with 504 (None: off)
     quantization: str | None = None
     disable_compile: bool = False
     compile_max_bs: int = 16
@@ -79,6 +94,11 @@ class ServerArgs:
     dp_size: int = 1
     router_policy: str = "cache_aware"
     router_dp_worker_base_port: int | None = None  # the first server's port (default: --port + 1)
+    # Worker supervision: restarts of a dead worker allowed within the window (seconds), then give up.
+    max_worker_restarts: int = 3
+    worker_restart_window: float = 600.0
+    # SIGTERM: seconds running requests get to finish (8: the rest is answered before `docker stop`'s 10 s)
+    graceful_shutdown_timeout: float = 8.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,12 +119,31 @@ class ServerArgs:
             raise ValueError(
                 f"hicache_write_policy: {self.hicache_write_policy!r} not in {HICACHE_WRITE_POLICIES}"
             )
+        if not 0 <= self.max_pinned_ratio < 1:
+            raise ValueError(f"max_pinned_ratio: must be in [0, 1), got {self.max_pinned_ratio}")
         if self.hicache_ratio < 0 or self.hicache_size < 0 or self.hicache_storage_size <= 0:
             raise ValueError("hicache_ratio and hicache_size must be >= 0, hicache_storage_size > 0")
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             raise ValueError("enable_hierarchical_cache: needs the radix cache (drop --disable-radix-cache)")
         if self.hicache_storage_dir is not None and not self.enable_hierarchical_cache:
             raise ValueError("hicache_storage_dir: needs --enable-hierarchical-cache")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError(
+                f"grammar_compile_timeout: must be > 0 seconds, got {self.grammar_compile_timeout}"
+            )
+        if not self.grammar_cache_size_mb >= 0:
+            raise ValueError(f"grammar_cache_size_mb: must be >= 0, got {self.grammar_cache_size_mb}")
+        for name in ("max_grammar_bytes", "grammar_compile_threads", "max_grammar_compiles_per_client"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_queued_requests < 0:
+            raise ValueError(
+                f"max_queued_requests: must be >= 0 (0: unbounded), got {self.max_queued_requests}"
+            )
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout: must be > 0 seconds, got {self.request_timeout}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests: must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
@@ -135,10 +174,18 @@ class ServerArgs:
             raise ValueError(
                 f"cache_report_granularity: {self.cache_report_granularity!r} not in {CACHE_REPORT_GRANULARITIES}"
             )
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"max_request_bytes: must be >= 1024, got {self.max_request_bytes}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size: must be >= 1, got {self.dp_size}")
         if self.router_policy not in ROUTER_POLICIES:
             raise ValueError(f"router_policy: {self.router_policy!r} not in {ROUTER_POLICIES}")
+        if self.max_worker_restarts < 0:
+            raise ValueError(f"max_worker_restarts: must be >= 0, got {self.max_worker_restarts}")
+        if self.worker_restart_window <= 0:
+            raise ValueError(f"worker_restart_window: must be > 0, got {self.worker_restart_window}")
+        if self.graceful_shutdown_timeout < 0:
+            raise ValueError(f"graceful_shutdown_timeout: must be >= 0, got {self.graceful_shutdown_timeout}")
         if self.speculative_num_draft_tokens < 1:
             raise ValueError(
                 f"speculative_num_draft_tokens: must be >= 1, got {self.speculative_num_draft_tokens}"

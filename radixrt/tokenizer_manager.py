@@ -20,6 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 from radixrt.detokenizer import IncrementalDecoder, find_stop
 from radixrt.io_struct import GenerateReqInput, SingleReq
+from radixrt.mem_cache.pins import parse_cache_control
+from radixrt.prompt_bound import min_tokens
 from radixrt.protocol import (
     AbortReq,
     ReqOut,
@@ -31,6 +33,8 @@ from radixrt.protocol import (
 from radixrt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+MAX_N = 128  # most choices per prompt (``n``), OpenAI's limit
 
 
 class WorkerClient(Protocol):
@@ -47,6 +51,15 @@ class WorkerClient(Protocol):
 
 class WorkerDeadError(RuntimeError):
     """The worker process (or thread) is gone; in-flight requests fail with this."""
+
+
+class RequestFailedError(RuntimeError):
+    """The worker ended a request with an HTTP status other than 400 in its finish reason: 429 (queue
+    full), 503 (overloaded), 504 (``--request-timeout``), ... The HTTP layer answers with that status."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code, self.message = status_code, message
 
 
 @dataclass
@@ -70,8 +83,10 @@ class TokenizerManager:
         vocab_size: int,
         model_name: str,
         random_seed: int = 0,
+        max_batch_size: int = 1024,
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
         self.worker = worker
         self.context_len = context_len
         self.vocab_size = vocab_size
@@ -132,6 +147,12 @@ class TokenizerManager:
         else:
             if not isinstance(req.text, str):
                 raise ValueError("text: must be a string")
+            if 4 * len(req.text) >= self.context_len:  # NOTE: refuse a provably long text untokenized
+                least = min_tokens(self.tokenizer, req.text)
+                if least >= self.context_len:
+                    raise ValueError(
+                        f"text: the prompt has at least {least} tokens; the context length is {self.context_len}"
+                    )
             ids = self.tokenizer.encode(req.text, add_special_tokens=True)
         if not ids:
             raise ValueError("text: the prompt is empty")
@@ -144,6 +165,8 @@ class TokenizerManager:
         ``tenant`` (from the API key, never from the body) selects the cache namespace in the worker."""
         params = SamplingParams.from_dict(req.sampling_params)
         params.validate(self.vocab_size)
+        if params.n > MAX_N:
+            raise ValueError(f"n: must be <= {MAX_N}, got {params.n}")
         ids = self.tokenize(req)
         if len(ids) >= self.context_len:
             raise ValueError(
@@ -162,6 +185,10 @@ class TokenizerManager:
             raise ValueError("top_logprobs_num: must be an integer in [0, 100]")
         if req.cache_salt is not None and not isinstance(req.cache_salt, str):
             raise ValueError("cache_salt: must be a string")
+        prio = req.priority
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int) or abs(prio) >= 2**31):
+            raise ValueError("priority: must be an integer in (-2**31, 2**31)")
+        pin_ttl = parse_cache_control(req.cache_control)
         rid = req.rid or uuid.uuid4().hex
         base_seed = params.seed if params.seed is not None else self._seeds.randrange(2**62)
         out = []
@@ -177,6 +204,8 @@ class TokenizerManager:
                     top_logprobs_num=top,
                     cache_salt=req.cache_salt,
                     tenant=tenant,
+                    priority=req.priority,
+                    pin_ttl=pin_ttl,
                 )
             )
         return out, params
@@ -190,9 +219,21 @@ class TokenizerManager:
         A batch (or ``n > 1``) yields a list of results when not streaming, and snapshots carrying
         ``index`` when streaming.
         """
+        if obj.batch_size() > self.max_batch_size:
+            name = "text" if obj.text is not None else "input_ids"
+            raise ValueError(
+                f"{name}: the batch has {obj.batch_size()} prompts; at most {self.max_batch_size} are "
+                "allowed (--max-batch-size)"
+            )
         singles = [obj.item(i) for i in range(obj.batch_size())]
         prepared = [self.prepare(s, tenant) for s in singles]  # validate everything before sending anything
         subs = [(s, t, p) for s, (ts, p) in zip(singles, prepared, strict=True) for t in ts]
+        seen: set[str] = set()
+        for _, treq, _ in subs:
+            if treq.rid in seen or treq.rid in self.states:
+                where = "twice in this batch" if treq.rid in seen else "by a running request"
+                raise ValueError(f"rid: the id {treq.rid!r} is used {where}")
+            seen.add(treq.rid)
         multi = obj.is_batch or len(subs) > 1
         if not multi:
             single, treq, params = subs[0]
@@ -200,7 +241,11 @@ class TokenizerManager:
                 yield out
             return
         if not obj.stream:
-            results = await asyncio.gather(*[self._final(s, t, p) for s, t, p in subs])
+            finals = [asyncio.create_task(self._final(s, t, p)) for s, t, p in subs]
+            try:
+                results = await asyncio.gather(*finals)
+            finally:
+                await _cancel_all(finals)  # one item failed (or the caller left): abort the others
             yield list(results)  # type: ignore[misc]
             return
         queue: asyncio.Queue[tuple[int, dict[str, Any] | None | BaseException]] = asyncio.Queue()
@@ -227,8 +272,7 @@ class TokenizerManager:
                 else:
                     yield item
         finally:
-            for task in tasks:
-                task.cancel()
+            await _cancel_all(tasks)
 
     async def _final(self, s: SingleReq, t: TokenizedGenerateReq, p: SamplingParams) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -254,25 +298,34 @@ class TokenizerManager:
                 if isinstance(item, Exception):
                     raise item
                 reason = item.finish_reason
-                if reason is not None and reason.get("status_code") == 400 and not track.output_ids:
-                    track.finished = True  # the worker already dropped it
-                    raise ValueError(str(reason.get("message", "bad request")))
+                status = None if reason is None else reason.get("status_code")
+                if status is not None and (status != 400 or not (track.output_ids or item.new_ids)):
+                    track.push(item)  # the worker already dropped it: the request fails with its status
+                    self._report(track, state)
+                    message = str(reason.get("message", "the request failed")) if reason else ""
+                    if status == 400:
+                        raise ValueError(message)
+                    raise RequestFailedError(int(status), message)
                 finished = track.push(item)
                 if finished and track.abort_worker:
                     self.worker.send(AbortReq(treq.rid, "stop"))
                 if stream or finished:
                     yield track.result(state.created, partial=not finished)
                 if finished:
-                    if self.listeners:
-                        final = track.result(state.created)
-                        final["timing"] = track.timing(state.created)
-                        for hook in self.listeners:
-                            hook(final)
+                    self._report(track, state)
                     return
         finally:
             self.states.pop(treq.rid, None)
             if not track.finished and self.worker.is_alive():
                 self.worker.send(AbortReq(treq.rid, "client disconnected"))
+
+    def _report(self, track: _Tracker, state: ReqState) -> None:
+        """Hand a request that ended in the worker to the listeners (metrics), once."""
+        if self.listeners:
+            final = track.result(state.created)
+            final["timing"] = track.timing(state.created)
+            for hook in self.listeners:
+                hook(final)
 
     def abort(self, rid: str) -> None:
         """Abort a request by id (its KV is freed by the worker within a step)."""
@@ -297,6 +350,8 @@ class _Tracker:
         self.prompt_tokens = len(treq.input_ids)
         self.cached_tokens = 0
         self.cached_details: dict[str, int] | None = None  # device / host / disk, with the tiers on
+        self.pinned_tokens = 0
+        self.pin_id: str | None = None
         self.in_lp: list[tuple[float | None, int]] = []
         self.in_top: list[list[tuple[float, int]] | None] = []
         self.out_lp: list[tuple[float, int]] = []
@@ -311,6 +366,8 @@ class _Tracker:
         if out.cached_tokens_host is not None and out.cached_tokens_disk is not None:
             host, disk = out.cached_tokens_host, out.cached_tokens_disk
             self.cached_details = {"device": out.cached_tokens - host - disk, "host": host, "disk": disk}
+        if out.pinned_tokens is not None:
+            self.pinned_tokens, self.pin_id = out.pinned_tokens, out.pin_id
         if out.new_ids:
             now = time.perf_counter()
             if self.first_token_at is None:
@@ -373,6 +430,9 @@ class _Tracker:
         }
         if self.cached_details is not None:
             meta["cached_tokens_details"] = dict(self.cached_details)
+        meta["pinned_tokens"] = self.pinned_tokens
+        if self.pin_id is not None:
+            meta["pin_id"] = self.pin_id
         if self.treq.return_logprob:
             meta["input_token_logprobs"] = self._fmt(self.in_lp)
             meta["output_token_logprobs"] = self._fmt(list(self.out_lp))
@@ -393,6 +453,13 @@ def _stop_prefix_len(text: str, stops: list[str]) -> int:
     return best
 
 
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they ended (each request's ``finally`` aborts it in the worker)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _set_result(fut: asyncio.Future[StatsOut], value: StatsOut) -> None:
     if not fut.done():
         fut.set_result(value)
@@ -403,4 +470,4 @@ def _set_exception(fut: asyncio.Future[StatsOut], exc: Exception) -> None:
         fut.set_exception(exc)
 
 
-__all__ = ["TokenizerManager", "WorkerClient", "WorkerDeadError"]
+__all__ = ["MAX_N", "RequestFailedError", "TokenizerManager", "WorkerClient", "WorkerDeadError"]

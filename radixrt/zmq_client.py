@@ -5,12 +5,18 @@ fresh temporary directory, starts ``python -m radixrt.worker.zmq_worker`` and wa
 ``WorkerReady`` handshake. A receiver thread hands every output to the TokenizerManager and watches the
 process: when it exits, ``on_death`` is called within ``POLL_S`` and every later ``send`` raises
 ``WorkerDeadError``. ``shutdown`` stops the process and removes the socket files.
+
+The worker's settings travel over its stdin pipe, never on its command line (``ps`` shows that to every
+local user), and without the API key, which the worker does not need. The socket directory is named
+``radixrt-<owner pid>-XXXX``: ``remove_stale_ipc_dirs`` deletes those whose owner process is gone (an
+HTTP process killed with SIGKILL cannot remove its own).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +45,43 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.2  # receiver poll period: also the bound on how late a worker's death is noticed
 STARTUP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 10.0
+IPC_PREFIX = "radixrt-"
+API_KEY_ENV = "RADIXRT_API_KEY"  # read by the server's CLI; kept out of the worker's environment
+_IPC_DIR = re.compile(r"radixrt-(\d+)-")
+
+
+def make_ipc_dir() -> str:
+    """A fresh private (0700) directory for one worker's sockets, named after this process."""
+    return tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_ipc_dirs(root: str | None = None) -> list[Path]:
+    """Delete this user's socket directories under ``root`` (the temp dir) whose owner process is
+    gone; returns them. Directories of live processes and names not made by ``make_ipc_dir`` stay."""
+    base = Path(root if root is not None else tempfile.gettempdir())
+    removed: list[Path] = []
+    for entry in base.glob(IPC_PREFIX + "*"):
+        match = _IPC_DIR.match(entry.name)
+        if match is None or not entry.is_dir() or entry.is_symlink():
+            continue
+        try:
+            if entry.lstat().st_uid != os.getuid() or _pid_alive(int(match.group(1))):
+                continue
+        except FileNotFoundError:  # another server starting now removed it first
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
 
 
 class WorkerStartupError(RuntimeError):
@@ -69,10 +112,16 @@ class ZmqWorkerClient:
 
     @classmethod
     def spawn(
-        cls, args: ServerArgs, model_path: str, eos_token_ids: list[int], timeout: float = STARTUP_TIMEOUT_S
+        cls,
+        args: ServerArgs,
+        model_path: str,
+        eos_token_ids: list[int],
+        timeout: float = STARTUP_TIMEOUT_S,
+        cancel: threading.Event | None = None,
     ) -> ZmqWorkerClient:
-        """Start the worker process and wait until it has loaded the model (or failed to)."""
-        ipc_dir = tempfile.mkdtemp(prefix="radixrt-")
+        """Start the worker process and wait until it has loaded the model (or failed to, or ``cancel``
+        was set: WorkerStartupError, the process stopped)."""
+        ipc_dir = make_ipc_dir()
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
         for sock in (push, pull):
@@ -82,23 +131,36 @@ class ZmqWorkerClient:
         inbox, outbox = f"ipc://{ipc_dir}/worker_in", f"ipc://{ipc_dir}/worker_out"
         push.bind(inbox)
         pull.bind(outbox)
-        cfg = WorkerConfig(args.to_dict(), model_path, eos_token_ids, inbox, outbox, os.getpid())
+        settings = {**args.to_dict(), "api_key": None, "api_key_file": None}  # HTTP-only secrets
+        cfg = WorkerConfig(settings, model_path, eos_token_ids, inbox, outbox, os.getpid())
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "radixrt.worker.zmq_worker", cfg.to_json()], start_new_session=True
+            [sys.executable, "-m", "radixrt.worker.zmq_worker"],
+            stdin=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
         )
         client = cls(ipc_dir, ctx, push, pull, proc)
         try:
-            client.info = client._handshake(timeout)
+            assert proc.stdin is not None
+            try:
+                with proc.stdin:
+                    proc.stdin.write(cfg.to_json().encode())
+            except BrokenPipeError:
+                pass  # it exited before reading: the handshake reports its exit code
+            client.info = client._handshake(timeout, cancel)
         except BaseException:
             client.shutdown()
             raise
         client._alive = True
         return client
 
-    def _handshake(self, timeout: float) -> WorkerReady:
+    def _handshake(self, timeout: float, cancel: threading.Event | None) -> WorkerReady:
         decoder = msgspec.msgpack.Decoder(WorkerHandshake)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if cancel is not None and cancel.is_set():
+                raise WorkerStartupError("the worker's startup was cancelled")
             if self._pull.poll(int(POLL_S * 1000)):
                 msg = decoder.decode(self._pull.recv())
                 if isinstance(msg, WorkerStartupFailed):

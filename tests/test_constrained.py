@@ -94,7 +94,7 @@ def test_json_schema_outputs_validate(engine, schema: dict, jump_forward: bool) 
     outs = engine.generate(prompt=["Give me JSON: "] * len(params), sampling_params=params)
     for out in outs:
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
-        jsonschema.validate(json.loads(out["text"], strict=False), schema)
+        jsonschema.validate(json.loads(out["text"]), schema)
     jumped = engine.get_server_info()["jump_forward_tokens"] - before
     assert (jumped > 0) == jump_forward
     engine.worker.call(lambda s: setattr(s.args, "disable_jump_forward", False))
@@ -140,7 +140,7 @@ def test_constrained_under_retraction_and_chunking(tiny_qwen2: Path) -> None:
             sampling_params={"json_schema": json.dumps(SCHEMAS[2]), "max_new_tokens": 60, "seed": 1},
         )
         for out in outs:
-            jsonschema.validate(json.loads(out["text"], strict=False), SCHEMAS[2])
+            jsonschema.validate(json.loads(out["text"]), SCHEMAS[2])
         eng.check_invariant()
     finally:
         eng.shutdown()

@@ -50,7 +50,7 @@ def test_chat_response_format_json_schema(server: ServerProcess) -> None:
             )
             content = resp.choices[0].message.content
             assert content is not None
-            jsonschema.validate(json.loads(content, strict=False), SCHEMA)
+            jsonschema.validate(json.loads(content), SCHEMA)
         resp = client.chat.completions.create(
             model="default",
             messages=[{"role": "user", "content": "JSON please"}],
@@ -61,7 +61,7 @@ def test_chat_response_format_json_schema(server: ServerProcess) -> None:
             extra_body={"ignore_eos": False},
         )
         if resp.choices[0].finish_reason == "stop":
-            assert isinstance(json.loads(resp.choices[0].message.content or "", strict=False), dict)
+            assert isinstance(json.loads(resp.choices[0].message.content or ""), dict)
 
 
 def test_bad_constraints_are_400(server: ServerProcess) -> None:

@@ -146,3 +146,40 @@ def test_quota_gates_admission_under_contention(tiny_llama: Path, tmp_path: Path
     stats = eng.worker.call(lambda s: s.ledger.snapshot(), timeout=30)
     assert stats["noisy"]["quota_waits"] > 0
     assert stats["noisy"]["requests"] == stats["quiet"]["requests"] == 5
+
+
+def test_a_flooding_tenant_meets_429_within_its_queue_share(
+    tiny_llama: Path, tmp_path: Path, engine_factory
+) -> None:
+    """Queue bound 4, one running request: noisy (kv_quota 0.25) may have 1 request waiting, quiet (0.75) 3.
+    Noisy's burst is refused with 429 beyond its share while quiet's requests, sent after it, all get in."""
+    from radixrt.tokenizer_manager import RequestFailedError
+
+    cfg = tenants_file(tmp_path, [{"name": "quiet", "api_keys": ["q"], "kv_quota": 0.75},
+                                  {"name": "noisy", "api_keys": ["n"], "kv_quota": 0.25}])  # fmt: skip
+    eng = engine_factory(
+        tiny_llama, max_total_tokens=2048, tenants=cfg, max_queued_requests=4, max_running_requests=1
+    )
+    prompts = prompts_of([40] * 8, seed=4)
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+
+    async def burst() -> list[Any]:
+        async def one(ids: list[int], tenant: str) -> Any:
+            try:
+                async for _ in eng.tokenizer_manager.generate(GenerateReqInput(input_ids=ids, sampling_params=params),
+                                                              tenant=tenant):  # fmt: skip
+                    pass
+            except RequestFailedError as exc:
+                return exc
+            return "ok"
+
+        tasks = [asyncio.create_task(one(p, "noisy")) for p in prompts[:6]]
+        await asyncio.sleep(0.2)  # noisy's burst is in the worker before quiet's requests
+        tasks += [asyncio.create_task(one(p, "quiet")) for p in prompts[6:]]
+        return await asyncio.gather(*tasks)
+
+    outs = asyncio.run_coroutine_threadsafe(burst(), eng._loop).result()
+    noisy, quiet = outs[:6], outs[6:]
+    assert quiet == ["ok", "ok"]
+    refused = [o for o in noisy if isinstance(o, RequestFailedError)]
+    assert len(refused) >= 4 and all(o.status_code == 429 and "share" in str(o) for o in refused)

@@ -13,12 +13,14 @@ from frontend_lang.ir import GenParams
 
 @dataclass(slots=True)
 class PromptContext:
-    """What a backend sees of a program state: its text, finished messages and the open role."""
+    """What a backend sees of a program state: its text, finished messages, the open role and the
+    retention priority of the program it belongs to (see ``frontend_lang.retention``)."""
 
     text: str
     messages: list[dict[str, str]]
     role: str | None
     role_text: str
+    priority: int | None = None
 
 
 class BackendError(RuntimeError):
@@ -40,6 +42,15 @@ class BaseBackend:
 
     def cache_prefix(self, text: str) -> None:
         """Make the server compute and cache ``text`` now (a prefill-only request)."""
+
+    def pin_prefix(self, text: str) -> str | None:
+        """Cache ``text`` and keep it from eviction until ``release_pin`` (or the backend's pin TTL
+        lapses): the pin's id. None when nothing was pinned: the backend does not pin (retention off;
+        nothing was sent) or the server's pin budget is full (it was cached)."""
+        return None
+
+    def release_pin(self, pin_id: str) -> None:
+        """Let a prefix pinned by ``pin_prefix`` be evicted again."""
 
     def generate(self, ctx: PromptContext, params: GenParams) -> tuple[Any, dict[str, Any]]:
         """Continue ``ctx.text``: (text, meta_info), or (list of texts, list of meta) when ``n > 1``."""

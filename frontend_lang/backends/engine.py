@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,9 +13,21 @@ from frontend_lang.chat_template import template_for_tokenizer
 class EngineBackend(NativeBackend):
     """Wrap an existing ``Engine`` or build one: ``EngineBackend(model_path=..., max_total_tokens=...)``
     (``Engine``'s keyword arguments; no model_path means the embedded demo model). ``chat_template``
-    names a template to use instead of the tokenizer's own."""
+    names a template to use instead of the tokenizer's own.
 
-    def __init__(self, engine: Any = None, *, chat_template: str | None = None, **engine_kwargs: Any) -> None:
+    ``retention``: send the programs' request priorities (``frontend_lang.retention``); None (the
+    default) turns it on when ``Engine.generate`` takes a ``priority``. Shared prefixes are not pinned
+    (the Engine has no pin API): they are cached with a prefill-only request as without retention.
+    """
+
+    def __init__(
+        self,
+        engine: Any = None,
+        *,
+        chat_template: str | None = None,
+        retention: bool | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
         from radixrt.engine import Engine
         from radixrt.tokenizer import load_tokenizer
 
@@ -26,6 +39,13 @@ class EngineBackend(NativeBackend):
         # NOTE: a private tokenizer copy: the engine's is in use on the engine's own thread.
         self.tokenizer = load_tokenizer(args.tokenizer_path or self.engine.model_path)
         self.chat_template = template_for_tokenizer(self.tokenizer, self.engine.model_path, chat_template)
+        takes_priority = "priority" in inspect.signature(self.engine.generate).parameters
+        if retention and not takes_priority:
+            raise ValueError("retention: this Engine's generate() takes no priority; pass retention=False")
+        self.retention = takes_priority if retention is None else retention
+
+    def pin_prefix(self, text: str) -> str | None:
+        return None  # no pin API in-process: run_batch and fork cache the prefix without a pin
 
     @staticmethod
     def _kwargs(payload: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from frontend_lang.backends.base import BackendError, BaseBackend, PromptContext, validate_choices
 from frontend_lang.choices import ChoiceScores, ChoicesDecision, ChoicesMethod
 from frontend_lang.ir import GenParams
+from frontend_lang.retention import DEFAULT_PIN_TTL
 
 PREFILL_ONLY = {"max_new_tokens": 0}
 
@@ -42,6 +43,8 @@ class NativeBackend(BaseBackend):
     tokenizer: Any = None  # the model's tokenizer when it can be loaded here (exact select boundaries)
     _tok_lock = threading.Lock()
     _constraints: bool | None = None
+    retention = False  # send program-aware retention hints (frontend_lang.retention)
+    pin_ttl = DEFAULT_PIN_TTL
 
     # -- transport (subclasses) -----------------------------------------------------------------
     def _call(self, payload: dict[str, Any]) -> Any:
@@ -51,6 +54,29 @@ class NativeBackend(BaseBackend):
     def _call_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Send one native streaming request; yield its cumulative snapshots."""
         raise NotImplementedError
+
+    def _pin(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Pin a cached prefix (``{"text", "ttl"}``); the runtime's ``{"pin_id", "pinned_tokens"}``."""
+        raise NotImplementedError
+
+    def _unpin(self, pin_id: str) -> None:
+        """Release the pin ``pin_id``."""
+        raise NotImplementedError
+
+    # -- retention hints ------------------------------------------------------------------------
+    def hints(self, priority: int | None) -> dict[str, Any]:
+        """The retention fields of a request of a program with ``priority`` (none when retention is
+        off or the request belongs to no program)."""
+        return {"priority": priority} if self.retention and priority is not None else {}
+
+    def pin_prefix(self, text: str) -> str | None:
+        if not self.retention or not text:
+            return None
+        pin_id = self._pin({"text": text, "ttl": self.pin_ttl}).get("pin_id")
+        return None if pin_id is None else str(pin_id)
+
+    def release_pin(self, pin_id: str) -> None:
+        self._unpin(pin_id)
 
     # -- generation -----------------------------------------------------------------------------
     @staticmethod
@@ -74,7 +100,7 @@ class NativeBackend(BaseBackend):
             raise
 
     def generate(self, ctx: PromptContext, params: GenParams) -> tuple[Any, dict[str, Any]]:
-        out = self._checked_call(self.payload(ctx.text, params), params)
+        out = self._checked_call({**self.payload(ctx.text, params), **self.hints(ctx.priority)}, params)
         if isinstance(out, list):  # n > 1
             outs = [check_result(o) for o in out]
             return [o["text"] for o in outs], {"outputs": [o["meta_info"] for o in outs]}
@@ -82,7 +108,7 @@ class NativeBackend(BaseBackend):
         return out["text"], out["meta_info"]
 
     def generate_stream(self, ctx: PromptContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
-        payload = {**self.payload(ctx.text, params), "stream": True}
+        payload = {**self.payload(ctx.text, params), **self.hints(ctx.priority), "stream": True}
         seen = ""
         for snap in self._call_stream(payload):
             check_result(snap)
@@ -100,7 +126,9 @@ class NativeBackend(BaseBackend):
         with self._tok_lock:
             return list(self.tokenizer.encode(text, add_special_tokens=True))
 
-    def _score(self, input_ids: list[list[int]], starts: list[int]) -> list[dict[str, Any]]:
+    def _score(
+        self, input_ids: list[list[int]], starts: list[int], priority: int | None
+    ) -> list[dict[str, Any]]:
         """One batched prefill-only request returning prompt logprobs from ``starts``."""
         batch = len(input_ids) > 1
         out = self._call(
@@ -109,6 +137,7 @@ class NativeBackend(BaseBackend):
                 "sampling_params": dict(PREFILL_ONLY),
                 "return_logprob": True,
                 "logprob_start_len": starts if batch else starts[0],
+                **self.hints(priority),
             }
         )
         return [check_result(o) for o in (out if batch else [out])]
@@ -118,12 +147,14 @@ class NativeBackend(BaseBackend):
     ) -> ChoicesDecision:
         choices = validate_choices(choices)
         if self.tokenizer is not None:
-            scores = self._scores_by_ids(ctx.text, choices, method.requires_unconditional)
+            scores = self._scores_by_ids(ctx.text, choices, method.requires_unconditional, ctx.priority)
         else:
-            scores = self._scores_by_text(ctx.text, choices, method.requires_unconditional)
+            scores = self._scores_by_text(ctx.text, choices, method.requires_unconditional, ctx.priority)
         return method.decide(scores, temperature)
 
-    def _scores_by_ids(self, text: str, choices: list[str], unconditional: bool) -> ChoiceScores:
+    def _scores_by_ids(
+        self, text: str, choices: list[str], unconditional: bool, priority: int | None
+    ) -> ChoiceScores:
         prefix = self._encode(text)
         full = [self._encode(text + c) for c in choices]
         # NOTE: BPE may merge the end of the prefix with a choice; then the boundary moves left and
@@ -135,26 +166,30 @@ class NativeBackend(BaseBackend):
         if unconditional:
             ids += [f[boundary:] for f in full]
             starts += [0] * len(full)
-        outs = self._score(ids, starts)
+        outs = self._score(ids, starts, priority)
         return self._to_scores(choices, outs, boundary)
 
-    def _scores_by_text(self, text: str, choices: list[str], unconditional: bool) -> ChoiceScores:
+    def _scores_by_text(
+        self, text: str, choices: list[str], unconditional: bool, priority: int | None
+    ) -> ChoiceScores:
         """Without a local tokenizer: commit the prefix (its token count sets the boundary), then
         score the prompt+choice texts; the unconditional pass reuses the returned token ids."""
         if not text:
             raise ValueError("select: needs text before the choices")
-        commit = check_result(self._call({"text": text, "sampling_params": dict(PREFILL_ONLY)}))
+        hints = self.hints(priority)
+        commit = check_result(self._call({"text": text, "sampling_params": dict(PREFILL_ONLY), **hints}))
         boundary = int(commit["meta_info"]["prompt_tokens"])
         payload = {
             "text": [text + c for c in choices],
             "sampling_params": dict(PREFILL_ONLY),
             "return_logprob": True,
             "logprob_start_len": boundary,
+            **hints,
         }
         outs = [check_result(o) for o in self._call(payload)]
         if unconditional:
             ids = [[e[1] for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
-            outs += self._score(ids, [0] * len(ids))
+            outs += self._score(ids, [0] * len(ids), priority)
         return self._to_scores(choices, outs, boundary)
 
     @staticmethod

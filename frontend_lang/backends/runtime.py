@@ -52,7 +52,8 @@ class Runtime:
 
     Use it as a backend (``set_default_backend(runtime)``; calls go to ``runtime.endpoint``) and call
     ``shutdown()`` (or use ``with``) when done. The server's output goes to ``log_file`` (a temporary
-    file by default; ``log_path`` tells where).
+    file by default; ``log_path`` tells where). ``retention`` is the endpoint's (program-aware
+    retention hints, on by default).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class Runtime:
         log_file: str | Path | None = None,
         startup_timeout: float = 300.0,
         chat_template: str | None = None,
+        retention: bool = True,
         **server_args: Any,
     ) -> None:
         self.port = port or _free_port()
@@ -79,7 +81,9 @@ class Runtime:
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=_server_env())
         try:
             self._wait_ready(startup_timeout)
-            self.endpoint = RuntimeEndpoint(self.url, self.api_key, chat_template=chat_template)
+            self.endpoint = RuntimeEndpoint(
+                self.url, self.api_key, chat_template=chat_template, retention=retention
+            )
         except BaseException:
             self.shutdown()
             raise

@@ -12,6 +12,7 @@ import httpx
 from frontend_lang.backends.base import BackendError
 from frontend_lang.backends.native import NativeBackend
 from frontend_lang.chat_template import template_for_tokenizer
+from frontend_lang.retention import DEFAULT_PIN_TTL, check_pin_ttl
 
 
 def _error_message(resp: httpx.Response) -> str:
@@ -31,6 +32,8 @@ class RuntimeEndpoint(NativeBackend):
     When the server's tokenizer directory exists on this machine (a local server), it is loaded so
     that ``select`` sets exact token boundaries; otherwise select commits the prefix first and uses
     its token count. ``chat_template`` names a template to use instead of the tokenizer's own.
+    ``retention`` (default on) sends program-aware retention hints: request priorities and pins of
+    shared prefixes for ``pin_ttl`` seconds at most (``frontend_lang.retention``).
     """
 
     def __init__(
@@ -41,7 +44,10 @@ class RuntimeEndpoint(NativeBackend):
         chat_template: str | None = None,
         timeout: float = 600.0,
         load_tokenizer: bool = True,
+        retention: bool = True,
+        pin_ttl: float = DEFAULT_PIN_TTL,
     ) -> None:
+        self.retention, self.pin_ttl = bool(retention), check_pin_ttl(pin_ttl)
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
@@ -72,6 +78,35 @@ class RuntimeEndpoint(NativeBackend):
         if resp.status_code >= 400:
             raise BackendError(f"/generate: HTTP {resp.status_code}: {_error_message(resp)}")
         return resp.json()
+
+    def _admin(self, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            resp = self.client.request(method, route, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"cannot reach {self.base_url}{route}: {exc}") from exc
+        if resp.status_code in (403, 404) and route == "/pin_prefix":
+            why = "has no /pin_prefix route" if resp.status_code == 404 else "lets only the admin key pin"
+            raise BackendError(
+                f"{self.base_url} {why}: retention hints pin shared prefixes (pass retention=False to "
+                "RuntimeEndpoint)"
+            )
+        if resp.status_code >= 400:
+            raise BackendError(f"{method} {route}: HTTP {resp.status_code}: {_error_message(resp)}")
+        return resp.json()
+
+    def _pin(self, body: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self._admin("POST", "/pin_prefix", body)
+        return out
+
+    def _unpin(self, pin_id: str) -> None:
+        try:
+            resp = self.client.delete(f"/pins/{pin_id}")
+        except httpx.HTTPError as exc:
+            raise BackendError(f"cannot reach {self.base_url}/pins/{pin_id}: {exc}") from exc
+        # NOTE: 404: the pin is gone already (its TTL lapsed, or another program pinned the same
+        # tokens, which is the same pin, and released it): what releasing asks for.
+        if resp.status_code >= 400 and resp.status_code != 404:
+            raise BackendError(f"DELETE /pins/{pin_id}: HTTP {resp.status_code}: {_error_message(resp)}")
 
     def _call_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         with self.client.stream("POST", "/generate", json=payload) as resp:

@@ -1,26 +1,32 @@
 """Grammar-constrained decoding with xgrammar: regex, JSON schema, EBNF; masks and jump-forward.
 
 ``GrammarBackend`` lives in the worker: it builds xgrammar's ``TokenizerInfo`` once, compiles
-grammars on a thread pool (off the scheduler's critical path) with a cache keyed by (kind, text),
-and hands each request its own ``GrammarState`` (a matcher) once the compiled grammar is ready.
+grammars on a bounded, per-client-fair thread pool (off the scheduler's critical path), keeps the
+compiled ones in a byte-bounded LRU cache keyed by (kind, text), and hands each request its own
+``GrammarState`` (a matcher) once the compiled grammar is ready.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
+from radixrt.constrained.cache import GrammarCache, GrammarKey
+from radixrt.constrained.compile_pool import CompileJob, CompilePool, GrammarBusy
+from radixrt.constrained.json_strings import json_schema_grammar
 from radixrt.sampling.sampling_params import SamplingParams
 
-GrammarKey = tuple[str, str]
+__all__ = ["ANY_JSON", "GrammarBackend", "GrammarBusy", "GrammarError", "GrammarKey", "GrammarState"]
+
 # json_schema value meaning "any JSON value" (OpenAI response_format {"type": "json_object"}).
 ANY_JSON = "$$ANY$$"
+# The request field each constraint kind comes from (error messages name it).
+FIELDS = {"regex": "regex", "json": "json_schema", "ebnf": "ebnf"}
+DEFAULT_CLIENT = "default"
 
 
 def grammar_key(params: SamplingParams) -> GrammarKey | None:
@@ -35,7 +41,9 @@ def grammar_key(params: SamplingParams) -> GrammarKey | None:
 
 
 class GrammarError(ValueError):
-    """The constraint cannot be compiled (bad regex / schema / grammar, or compilation too slow)."""
+    """The constraint cannot be compiled (bad regex / schema / grammar, too large, or too slow)."""
+
+    status_code = 400
 
 
 @dataclass
@@ -56,8 +64,24 @@ class GrammarState:
         return bool(self.matcher.is_terminated())
 
 
+@dataclass(slots=True)
+class GrammarLimits:
+    """How much grammar work the backend accepts (ServerArgs' ``--grammar-*`` flags)."""
+
+    compile_timeout_s: float = 30.0  # from the moment a thread starts compiling
+    compile_threads: int = 2
+    compiles_per_client: int = 4  # unfinished compilations per client (queued or running)
+    cache_bytes: int = 256 << 20
+    max_grammar_bytes: int = 256 << 10  # of the constraint text
+    reserve_thread: bool = False  # several clients: one client never holds every compile thread
+
+
 class GrammarBackend:
-    """Compiles constraints asynchronously and applies token bitmasks to batched logits."""
+    """Compiles constraints asynchronously and applies token bitmasks to batched logits.
+
+    Used from the scheduler thread: ``submit`` when a request arrives, then once per step ``collect``
+    followed by ``poll`` for each request still waiting.
+    """
 
     def __init__(
         self,
@@ -65,18 +89,26 @@ class GrammarBackend:
         vocab_size: int,
         stop_token_ids: list[int],
         json_whitespace: bool = False,
-        compile_timeout_s: float = 30.0,
-        max_threads: int = 2,
+        limits: GrammarLimits | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self.limits = limits or GrammarLimits()
         self.info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
         )
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-grammar")
-        self.cache: dict[GrammarKey, Future[xgr.CompiledGrammar]] = {}
+        # xgrammar's own cache is unbounded by default; ours (bounded by bytes) replaces it.
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self.json_whitespace = json_whitespace
-        self.compile_timeout_s = compile_timeout_s
+        self.cache = GrammarCache(self.limits.cache_bytes)
+        self.pool = CompilePool(
+            self._compile,
+            self.limits.compile_threads,
+            self.limits.compiles_per_client,
+            self.limits.reserve_thread,
+        )
+        self.in_flight: dict[GrammarKey, CompileJob] = {}
+        # Outcomes of the compilations that ended at this step's ``collect``, for its ``poll`` calls.
+        self.outcomes: dict[GrammarKey, xgr.CompiledGrammar | GrammarError] = {}
 
     def _compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
         kind, text = key
@@ -86,41 +118,60 @@ class GrammarBackend:
             if kind == "json":
                 if text == ANY_JSON:
                     return self.compiler.compile_builtin_json_grammar()
-                schema = json.loads(text)
-                if self.json_whitespace:
-                    return self.compiler.compile_json_schema(
-                        schema, any_whitespace=True, max_whitespace_cnt=2
-                    )
-                return self.compiler.compile_json_schema(schema, any_whitespace=False)
+                grammar = json_schema_grammar(text, self.json_whitespace)
+                return self.compiler.compile_grammar(grammar)
             return self.compiler.compile_grammar(text)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses for bad input
-            field = {"regex": "regex", "json": "json_schema", "ebnf": "ebnf"}[kind]
-            raise GrammarError(f"{field}: invalid constraint: {exc}") from exc
+            raise GrammarError(f"{FIELDS[kind]}: invalid constraint: {exc}") from exc
 
-    def submit(self, key: GrammarKey) -> Future[xgr.CompiledGrammar]:
-        """Start (or reuse) the compilation of ``key``."""
-        fut = self.cache.get(key)
-        if fut is None:
-            fut = self.pool.submit(self._compile, key)
-            self.cache[key] = fut
-        return fut
+    def submit(self, key: GrammarKey, client: str = DEFAULT_CLIENT) -> None:
+        """Make ``key``'s compiled grammar available to a later ``poll``: cached, joining a compilation
+        in flight, or starting one. GrammarError when the constraint text is too large; GrammarBusy
+        when ``client`` already has its share of compilations in flight."""
+        size = len(key[1].encode())
+        if size > self.limits.max_grammar_bytes:
+            raise GrammarError(
+                f"{FIELDS[key[0]]}: the constraint is {size} bytes, above this server's limit of "
+                f"{self.limits.max_grammar_bytes} (--max-grammar-bytes)"
+            )
+        if key in self.cache or key in self.in_flight:
+            return
+        self.in_flight[key] = self.pool.submit(key, client)
 
-    def poll(self, key: GrammarKey, submitted_at: float) -> GrammarState | GrammarError | None:
-        """A fresh matcher when compiled, an error when it failed or timed out, None while compiling."""
-        fut = self.submit(key)
-        if not fut.done():
-            if time.monotonic() - submitted_at > self.compile_timeout_s:
-                self.cache.pop(key, None)
-                field = {"regex": "regex", "json": "json_schema", "ebnf": "ebnf"}[key[0]]
-                return GrammarError(
-                    f"{field}: grammar compilation took longer than {self.compile_timeout_s:g}s"
+    def collect(self) -> None:
+        """Settle compilations that finished, failed or ran past the timeout since the last step."""
+        self.outcomes = {}
+        now = time.monotonic()
+        for key, job in list(self.in_flight.items()):
+            fut = job.future
+            if fut.done():
+                del self.in_flight[key]
+                exc = fut.exception()
+                if exc is None:
+                    compiled = fut.result()
+                    self.cache.put(key, compiled)
+                    self.outcomes[key] = compiled
+                else:
+                    self.outcomes[key] = exc if isinstance(exc, GrammarError) else GrammarError(str(exc))
+            elif job.started_at is not None and now - job.started_at > self.limits.compile_timeout_s:
+                del self.in_flight[key]  # its thread finishes in the background; the result is dropped
+                self.outcomes[key] = GrammarError(
+                    f"{FIELDS[key[0]]}: grammar compilation took longer than "
+                    f"{self.limits.compile_timeout_s:g}s"
                 )
-            return None
-        exc = fut.exception()
-        if exc is not None:
-            self.cache.pop(key, None)
-            return exc if isinstance(exc, GrammarError) else GrammarError(str(exc))
-        return GrammarState(xgr.GrammarMatcher(fut.result()))
+
+    def poll(self, key: GrammarKey, client: str = DEFAULT_CLIENT) -> GrammarState | GrammarError | None:
+        """A fresh matcher when compiled, an error when it failed or timed out, None while compiling."""
+        outcome = self.outcomes.get(key)
+        if outcome is None:
+            outcome = self.cache.get(key)
+        if isinstance(outcome, GrammarError):
+            return outcome
+        if outcome is not None:
+            return GrammarState(xgr.GrammarMatcher(outcome))
+        if key not in self.in_flight:  # evicted before this request took it: compile it again
+            self.in_flight[key] = self.pool.submit(key, client, exempt=True)
+        return None
 
     def apply_masks(self, logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
         """Return ``logits`` with every constrained row's disallowed tokens set to -inf (a copy)."""
@@ -139,4 +190,4 @@ class GrammarBackend:
         return masked
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()

@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from radixrt import __version__
 from radixrt.http.context import ServerContext
@@ -25,7 +27,9 @@ from radixrt.http.errors import (
     refused,
     worker_dead,
 )
-from radixrt.http.openai_api import build_openai_router
+from radixrt.http.limits import GENERATION_RESPONSES, openapi_body, pretokenize
+from radixrt.http.openai_api import build_openai_router, check_model
+from radixrt.http.pins import build_pins_router
 from radixrt.http.sglang_compat import normalize_generate
 from radixrt.http.streaming import (
     CLIENT_CLOSED,
@@ -44,6 +48,7 @@ from radixrt.protocol import FlushCacheReq
 from radixrt.tokenizer_manager import WorkerDeadError
 
 HEALTH_GENERATE_TIMEOUT_S = 30.0
+HEALTH_POLL_S = 0.1
 
 
 class GenerateBody(GenerateReqInput, forbid_unknown_fields=True, kw_only=True):
@@ -56,6 +61,9 @@ class GenerateBody(GenerateReqInput, forbid_unknown_fields=True, kw_only=True):
             raise APIError(
                 400, "text: the batch is empty", param="text" if self.text is not None else "input_ids"
             )
+        if isinstance(self.rid, list) and (not self.is_batch or len(self.rid) != self.batch_size()):
+            prompts = f"a batch of {self.batch_size()}" if self.is_batch else "a single prompt"
+            raise APIError(400, f"rid: a list of {len(self.rid)} ids for {prompts}", param="rid")
         return self
 
 
@@ -67,23 +75,40 @@ def build_app(ctx: ServerContext) -> FastAPI:
     if ctx.args.api_key or ctx.tenants is not None:
         app.add_middleware(AuthMiddleware, api_key=ctx.args.api_key, tenants=ctx.tenants)
     app.include_router(build_openai_router(ctx))
+    app.include_router(build_pins_router(ctx))
 
     @app.get("/health")
+    @app.head("/health")
     async def health() -> Response:
-        if not ctx.client.is_alive():
-            return JSONResponse({"status": "worker_down"}, status_code=503)
-        if not ctx.ready:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        status = ctx.client.health()  # ok, draining, warming_up, restarting, worker_down
+        if status == "ok" and not ctx.ready:
+            status = "starting"
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
+        """200 once a 1-token ping finished (``output_ids``), or, as SGLang does, once any token output
+        arrived after the check began (``output_ids`` null): a busy queue delays the ping, not the worker."""
         obj = GenerateReqInput(text="ping", sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+        since = time.monotonic()
+        ping = asyncio.ensure_future(collect(ctx.generate(request, obj)))
+        error: BaseException = TimeoutError(f"no output within {HEALTH_GENERATE_TIMEOUT_S:.0f}s")
         try:
-            out = await asyncio.wait_for(collect(ctx.generate(request, obj)), HEALTH_GENERATE_TIMEOUT_S)
-        except (TimeoutError, WorkerDeadError) as exc:
-            return worker_dead(WorkerDeadError(str(exc) or "timed out")).response()
-        return JSONResponse({"status": "ok", "output_ids": out["output_ids"]})
+            while time.monotonic() - since < HEALTH_GENERATE_TIMEOUT_S:
+                await asyncio.wait({ping}, timeout=HEALTH_POLL_S)
+                if ping.done() and ping.exception() is None:
+                    return JSONResponse({"status": "ok", "output_ids": ping.result()["output_ids"]})
+                if ctx.client.last_progress > since and ctx.client.is_alive():
+                    return JSONResponse({"status": "ok", "output_ids": None})
+                if ping.done():
+                    error = ping.exception() or error
+                    break
+        finally:
+            if not ping.done():
+                ping.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ping
+        return (error if isinstance(error, APIError) else worker_dead(WorkerDeadError(str(error)))).response()
 
     @app.get("/get_model_info")
     @app.get("/model_info")
@@ -99,14 +124,15 @@ def build_app(ctx: ServerContext) -> FastAPI:
     async def get_load() -> Response:
         return JSONResponse(await ctx.load())
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache")
+    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         out = await asyncio.wait_for(ctx.tm.control_request(FlushCacheReq()), 30)
         if not out.ok:
             raise APIError(400, out.message or "cannot flush the cache now")
         return JSONResponse({"message": "Cache flushed.", "success": True})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # the OpenAPI document: text/plain
     async def metrics() -> Response:
         stats: dict[str, float] | None = None
         tenants: dict[str, dict[str, float]] | None = None
@@ -117,11 +143,15 @@ def build_app(ctx: ServerContext) -> FastAPI:
             pass
         return Response(ctx.metrics.render(stats, tenants), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/generate")
+    generate_doc = openapi_body(GenerateBody, {"text": "Hello", "sampling_params": {"max_new_tokens": 8}})
+
+    @app.post("/generate", openapi_extra=generate_doc, responses=GENERATION_RESPONSES)
     async def generate(request: Request) -> Response:
-        body = await read_json(request)
+        body = await read_json(request, ctx.args.max_request_bytes)
+        check_model(ctx, body.get("model"))
         normalize_generate(body)
         obj = convert(body, GenerateBody).to_request()
+        await pretokenize(ctx.tm, obj)  # a long text: on a worker thread
         agen = ctx.generate(request, obj)
         try:
             first = await first_or_final(request, agen, obj.stream)

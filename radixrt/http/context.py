@@ -4,6 +4,7 @@ metrics), and the one way a route generates (`ServerContext.generate`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from radixrt import __version__
 from radixrt.http.metrics import REQUEST_TENANT, ServerMetrics
+from radixrt.http.streaming import collect
 from radixrt.http.tenants import coarsened, load_tenants, principal_of
 from radixrt.io_struct import GenerateReqInput
 from radixrt.models.resolve import resolve_model
@@ -25,11 +27,12 @@ from radixrt.server_args import ServerArgs
 from radixrt.tenants import TenantConfig
 from radixrt.tokenizer import eos_token_ids, load_tokenizer
 from radixrt.tokenizer_manager import TokenizerManager, WorkerDeadError
-from radixrt.zmq_client import ZmqWorkerClient
+from radixrt.worker_supervisor import WorkerSupervisor
 
 logger = logging.getLogger(__name__)
 
 STATS_TIMEOUT_S = 10.0
+RESTART_WARMUP_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -40,7 +43,7 @@ class ServerContext:
     model_path: str
     model_name: str
     tokenizer: PreTrainedTokenizerBase
-    client: ZmqWorkerClient
+    client: WorkerSupervisor
     info: WorkerReady
     tm: TokenizerManager
     metrics: ServerMetrics
@@ -56,14 +59,17 @@ class ServerContext:
         resolved = resolve_model(args.model_path)
         model_path = resolved.path
         tokenizer = load_tokenizer(args.tokenizer_path or model_path)
-        client = ZmqWorkerClient.spawn(args, model_path, eos_token_ids(tokenizer, model_path))
-        assert client.info is not None
+        client = WorkerSupervisor.spawn(args, model_path, eos_token_ids(tokenizer, model_path))
         info = client.info
         name = args.served_model_name or resolved.name
-        tm = TokenizerManager(tokenizer, client, info.context_len, info.vocab_size, name, args.random_seed)
+        tm = TokenizerManager(
+            tokenizer, client, info.context_len, info.vocab_size, name, args.random_seed, args.max_batch_size
+        )
         client.on_death = tm.fail_all
         metrics = ServerMetrics(name, tenants=tenants is not None)
         tm.listeners.append(metrics.on_finished)
+        client.on_restart = metrics.worker_restarts.inc
+        client.warm_up = functools.partial(_warm_up_restarted, tm)
         return cls(args, model_path, name, tokenizer, client, info, tm, metrics, tenants)
 
     @property
@@ -128,6 +134,7 @@ class ServerContext:
             "model_path": self.model_path,
             "model_info": self.model_info(),
             "worker_pid": self.client.pid,
+            "worker_restarts": self.client.restarts,
             "ipc_dir": self.client.ipc_dir,
             "uptime_s": time.time() - self.started_at,
             "num_http_requests_in_flight": len(self.tm.states),
@@ -158,6 +165,12 @@ class ServerContext:
 
     def shutdown(self) -> None:
         self.client.shutdown()
+
+
+def _warm_up_restarted(tm: TokenizerManager) -> None:
+    """One 1-token request through a restarted worker (on the supervisor's thread, its own loop)."""
+    obj = GenerateReqInput(text="ping", sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+    asyncio.run(asyncio.wait_for(collect(tm.generate(obj)), RESTART_WARMUP_TIMEOUT_S))
 
 
 def _model_type(model_path: str) -> str | None:

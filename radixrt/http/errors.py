@@ -14,8 +14,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
-from radixrt.tokenizer_manager import WorkerDeadError
+from radixrt.tokenizer_manager import RequestFailedError, WorkerDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,14 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
     503: "service_unavailable_error",
+    504: "timeout_error",
 }
+# A worker status (RequestFailedError) -> the error ``code``; 429 and 503 also send Retry-After.
+_WORKER_CODES = {429: "rate_limit_exceeded", 503: "server_overloaded", 504: "request_timeout"}
+RETRY_AFTER_S = 1
 
 
 class JSONResponse(Response):
@@ -49,17 +56,19 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type_: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
         self.type = type_ or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        return JSONResponse(self.body(), status_code=self.status, headers={**headers, **(self.headers or {})})
 
 
 def bad_request(exc: ValueError, rename: dict[str, str] | None = None) -> APIError:
@@ -96,6 +105,9 @@ def as_api_error(exc: Exception) -> APIError:
         return exc
     if isinstance(exc, WorkerDeadError):
         return worker_dead(exc)
+    if isinstance(exc, RequestFailedError):
+        retry = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code in (429, 503) else None
+        return APIError(exc.status_code, exc.message, code=_WORKER_CODES.get(exc.status_code), headers=retry)
     if isinstance(exc, TimeoutError):
         return APIError(503, "the worker did not answer in time", code="worker_timeout")
     if isinstance(exc, ValueError):
@@ -104,15 +116,31 @@ def as_api_error(exc: Exception) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path (a 405's ``Allow`` header)."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error (ours, FastAPI's, Starlette's 404/405) through the OpenAI error shape."""
 
     async def on_api_error(_: Request, exc: Exception) -> Response:
         return as_api_error(exc).response()
 
-    async def on_http_error(_: Request, exc: Exception) -> Response:
+    async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return APIError(exc.status_code, str(exc.detail)).response()
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette's Allow names one route's methods; the path may have more
+            headers["Allow"] = _allowed_methods(request)
+        return APIError(exc.status_code, str(exc.detail), headers=headers).response()
 
     async def on_validation_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -124,6 +152,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(WorkerDeadError, on_api_error)
+    app.add_exception_handler(RequestFailedError, on_api_error)
     app.add_exception_handler(ValueError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

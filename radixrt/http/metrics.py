@@ -75,6 +75,23 @@ TENANT_SERIES = tuple(
 REQUEST_TENANT: ContextVar[str | None] = ContextVar("radixrt_request_tenant", default=None)
 
 
+def outcome(meta: dict[str, Any]) -> str:
+    """The ``finish_reason`` label of a finished request: its type, told apart for aborts by the HTTP
+    status the worker gave (refused before any token, timed out) or a worker error."""
+    reason = meta.get("finish_reason") or {}
+    kind = str(reason.get("type", "unknown"))
+    if kind != "abort":
+        return kind
+    status = reason.get("status_code")
+    if status == 504:
+        return "timeout"
+    if status is not None and not meta.get("completion_tokens"):
+        return "refused"
+    if str(reason.get("message", "")).startswith("worker error"):
+        return "error"
+    return "abort"
+
+
 class _WorkerCollector(Collector):
     """Exposes the most recent worker stats snapshot."""
 
@@ -132,9 +149,12 @@ class ServerMetrics:
             "cached_tokens", "Prompt tokens of finished requests served from the cache"
         )
         self.aborted = counter("num_aborted_requests", "Requests aborted because the client disconnected")
+        self.worker_restarts = counter("worker_restarts", "Worker processes started after one died")
         self._requests = Counter(
             PREFIX + "num_requests",
-            "Finished requests by finish reason",
+            "Requests that reached the worker, once each, by outcome: stop, length, abort (aborted by a "
+            "client or the API), refused (a 4xx/429/503 before any token), timeout (--request-timeout), "
+            "error (the worker failed)",
             ["model_name", "finish_reason"],
             registry=self.registry,
         )
@@ -164,8 +184,7 @@ class ServerMetrics:
         self.prompt_tokens.inc(meta["prompt_tokens"])
         self.generation_tokens.inc(meta["completion_tokens"])
         self.cached_tokens.inc(meta["cached_tokens"])
-        reason = (meta.get("finish_reason") or {}).get("type", "unknown")
-        self._requests.labels(self.model_name, reason).inc()
+        self._requests.labels(self.model_name, outcome(meta)).inc()
         timing = result.get("timing") or {}
         if timing.get("ttft") is not None:
             self.ttft.observe(timing["ttft"])

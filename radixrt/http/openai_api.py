@@ -6,6 +6,7 @@ applied here), run it through the TokenizerManager like /generate does, and form
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from radixrt.http.errors import APIError, JSONResponse, as_api_error, bad_request, refused
+from radixrt.http.limits import ERROR_RESPONSES, GENERATION_RESPONSES, OFFLOAD_CHARS, openapi_body
 from radixrt.http.openai_format import ChatFormatter, CompletionFormatter, _Formatter
 from radixrt.http.openai_protocol import (
     RENAME_CHAT,
@@ -34,6 +36,7 @@ from radixrt.http.streaming import (
     sse_event,
 )
 from radixrt.io_struct import GenerateReqInput
+from radixrt.prompt_bound import max_token_bytes
 
 if TYPE_CHECKING:
     from radixrt.http.context import ServerContext
@@ -41,9 +44,30 @@ if TYPE_CHECKING:
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 
+def model_names(ctx: ServerContext) -> set[str]:
+    """The names this server's model answers to: the served name and the model path (as given and
+    as resolved)."""
+    return {ctx.model_name, ctx.model_path, *([ctx.args.model_path] if ctx.args.model_path else [])}
+
+
+def check_model(ctx: ServerContext, model: object) -> None:
+    """A request's ``model``: with ``--served-model-name`` set it must be one of ``model_names`` (404
+    ``model_not_found`` otherwise, as OpenAI answers); without it any name is this server's one model
+    (SGLang's clients send e.g. "default")."""
+    if model is None or ctx.args.served_model_name is None or model in model_names(ctx):
+        return
+    raise APIError(
+        404,
+        f"model: {model!r} is not served here; this server's model is {ctx.model_name!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def build_openai_router(ctx: ServerContext) -> APIRouter:
     """The /v1 routes of one server."""
     router = APIRouter()
+    max_token_bytes(ctx.tokenizer)  # computed once, now rather than on the event loop for a request
 
     def model_card() -> dict[str, Any]:
         return {
@@ -59,19 +83,25 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
     async def list_models() -> Response:
         return JSONResponse({"object": "list", "data": [model_card()]})
 
-    @router.get("/v1/models/{model_id:path}")
+    @router.get("/v1/models/{model_id:path}", responses=ERROR_RESPONSES)
     async def get_model(model_id: str) -> Response:
-        if model_id != ctx.model_name:
+        if model_id not in model_names(ctx):
             raise APIError(404, f"model {model_id!r} not found", param="model", code="model_not_found")
         return JSONResponse(model_card())
 
-    @router.post("/v1/completions")
+    completion_doc = openapi_body(CompletionRequest, {"prompt": "Hello", "max_tokens": 8})
+
+    @router.post("/v1/completions", openapi_extra=completion_doc, responses=GENERATION_RESPONSES)
     async def completions(request: Request) -> Response:
-        body = await read_json(request)
+        body = await read_json(request, ctx.args.max_request_bytes)
         strip_neutral(body, COMPLETION_FIELDS)
         req = convert(body, CompletionRequest)
+        check_model(ctx, req.model)
         req.check()
-        prompts = completion_prompts(ctx.tokenizer, req.prompt)
+        try:
+            prompts = await completion_prompts(ctx.tm, req.prompt)
+        except ValueError as exc:
+            raise bad_request(exc, RENAME_COMPLETION) from None
         max_new = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
         params = req.sampling_params(max_new)
         want_lp = req.logprobs is not None
@@ -91,17 +121,27 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             stream=req.stream,
             rid=req.rid,
             cache_salt=req.cache_salt,
+            priority=req.priority,
+            cache_control=req.cache_control,
         )
         fmt = CompletionFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, echo_texts, req.rid)
         return await _serve(ctx, request, obj, fmt, RENAME_COMPLETION)
 
-    @router.post("/v1/chat/completions")
+    chat_doc = openapi_body(
+        ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    )
+
+    @router.post("/v1/chat/completions", openapi_extra=chat_doc, responses=GENERATION_RESPONSES)
     async def chat_completions(request: Request) -> Response:
-        body = await read_json(request)
+        body = await read_json(request, ctx.args.max_request_bytes)
         strip_neutral(body, CHAT_FIELDS)
         req = convert(body, ChatCompletionRequest)
+        check_model(ctx, req.model)
         req.check()
-        ids = chat_prompt_ids(ctx.tokenizer, req)
+        if req.content_chars() < OFFLOAD_CHARS:
+            ids = chat_prompt_ids(ctx.tokenizer, req)
+        else:  # a long conversation: template and tokenizer run on a worker thread
+            ids = await asyncio.to_thread(chat_prompt_ids, ctx.tokenizer, req)
         if len(ids) >= ctx.context_len:
             raise APIError(
                 400,
@@ -120,6 +160,8 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             stream=req.stream,
             rid=req.rid,
             cache_salt=req.cache_salt,
+            priority=req.priority,
+            cache_control=req.cache_control,
         )
         fmt = ChatFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid)
         return await _serve(ctx, request, obj, fmt, RENAME_CHAT)

@@ -9,12 +9,17 @@ extra body fields, as with SGLang's OpenAI server.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from transformers import PreTrainedTokenizerBase
 
+from radixrt.http.chat_prompt import encode_chat
 from radixrt.http.errors import APIError
+from radixrt.http.limits import tokenize_texts
+
+if TYPE_CHECKING:
+    from radixrt.tokenizer_manager import TokenizerManager
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
@@ -77,6 +82,8 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None
     cache_salt: str | None = None
+    priority: int | None = None  # cache priority (--radix-eviction-policy priority)
+    cache_control: dict[str, Any] | None = None  # {"type": "ephemeral", "ttl": "5m"}: pin the prefix
     rid: str | None = None
     response_format: ResponseFormat | None = None
 
@@ -163,6 +170,13 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
+    def content_chars(self) -> int:
+        """Characters of text in all messages."""
+        return sum(
+            len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
+            for m in self.messages
+        )
+
     def check(self) -> None:
         if self.tools:
             raise APIError(400, "tools: tool calling is not supported by this server", param="tools")
@@ -199,17 +213,12 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, req: ChatCompletionReque
         raise APIError(
             400, "messages: this model has no chat template; use /v1/completions", param="messages"
         )
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **(req.chat_template_kwargs or {})
-        )
-    except Exception as exc:  # jinja errors, raise_exception() in templates
-        raise APIError(400, f"messages: the chat template rejected them: {exc}", param="messages") from None
-    return list(tokenizer.encode(str(text), add_special_tokens=False))
+    return encode_chat(tokenizer, messages, req.chat_template_kwargs or {})  # content cannot forge roles
 
 
-def completion_prompts(tokenizer: PreTrainedTokenizerBase, prompt: str | list[Any]) -> list[list[int]]:
-    """Token ids of each prompt: a string, a list of strings, a list of ids or a list of id lists."""
+async def completion_prompts(tm: TokenizerManager, prompt: str | list[Any]) -> list[list[int]]:
+    """Token ids of each prompt: a string, a list of strings, a list of ids or a list of id lists
+    (strings through ``TokenizerManager.tokenize``, off the event loop when long)."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -218,14 +227,11 @@ def completion_prompts(tokenizer: PreTrainedTokenizerBase, prompt: str | list[An
         items = list(prompt)
     if not items:
         raise APIError(400, "prompt: must not be empty", param="prompt")
-    out = []
     for item in items:
-        if isinstance(item, str):
-            out.append(list(tokenizer.encode(item, add_special_tokens=True)))
-        elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-            out.append(list(item))
-        else:
+        ids = isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        if not (isinstance(item, str) or ids):
             raise APIError(400, "prompt: must be a string, a list of strings, or token ids", param="prompt")
-        if not out[-1]:
+        if not item:
             raise APIError(400, "prompt: must not be empty", param="prompt")
-    return out
+    texts = iter(await tokenize_texts(tm, [item for item in items if isinstance(item, str)]))
+    return [next(texts) if isinstance(item, str) else list(item) for item in items]

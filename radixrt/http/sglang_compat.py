@@ -48,7 +48,7 @@ _OPENAI_COMMON: dict[str, Neutral] = {
     "return_cached_tokens_details": OFF, "return_spec_tokens_details": OFF, "return_token_ids": OFF,
     "stop_regex": OFF, "lora_path": OFF, "session_id": ANY, "session_params": OFF, "custom_params": OFF,
     "custom_logit_processor": OFF, "watermark": OFF, "images_config": OFF, "mm_processor_kwargs": OFF,
-    "extra_key": OFF, "priority": ZERO, "custom_labels": ANY, "data_parallel_rank": ZERO,
+    "extra_key": OFF, "custom_labels": ANY, "data_parallel_rank": ZERO,
     "routed_dp_rank": ZERO, "disagg_prefill_dp_rank": ZERO, "bootstrap_host": OFF, "bootstrap_port": OFF,
     "bootstrap_room": OFF,
 }  # fmt: skip
@@ -81,7 +81,7 @@ GENERATE_FIELDS: dict[str, Neutral] = {
     "bootstrap_room": OFF, "bootstrap_pair_key": OFF, "decode_tp_size": OFF, "routed_dp_rank": ZERO,
     "data_parallel_rank": ZERO, "disagg_prefill_dp_rank": ZERO, "routing_key": ANY,
     "conversation_id": ANY, "http_worker_ipc": OFF, "background": OFF, "require_reasoning": OFF,
-    "max_thinking_tokens": OFF, "priority": ZERO, "extra_key": OFF, "no_logs": BOOL,
+    "max_thinking_tokens": OFF, "extra_key": OFF, "no_logs": BOOL,
     "custom_labels": ANY, "return_bytes": OFF, "return_entropy": OFF, "return_prompt_token_ids": OFF,
     "external_trace_header": ANY, "received_time": ANY, "need_wait_for_mm_inputs": OFF,
     "num_items_assigned": OFF, "encoder_urls": OFF, "max_dynamic_patch": OFF, "min_dynamic_patch": OFF,

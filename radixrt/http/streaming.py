@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from radixrt.http.errors import APIError
+from radixrt.http.limits import check_content_type, check_depth, read_body
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -40,11 +41,14 @@ def sse_event(obj: Any) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    """The body as a JSON object; 400 for an empty, malformed or non-object body."""
-    body = await request.body()
+async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object: 415 unless declared application/json, 413 beyond ``max_bytes``, 400
+    for an empty, malformed, too deeply nested (`radixrt.http.limits`) or non-object body."""
+    check_content_type(request)
+    body = await read_body(request, max_bytes)
     if not body.strip():
         raise APIError(400, "request body: expected a JSON object, got an empty body")
+    check_depth(body)
     try:
         data = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
@@ -95,14 +99,22 @@ async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
     watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the route itself is cancelled: the work must not outlive it
+        await _cancel(task)
+        raise
     finally:
         watcher.cancel()
     if task.done():
         return task.result()
+    await _cancel(task)
+    raise ClientDisconnected()
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has stopped (its ``finally`` blocks have run)."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    raise ClientDisconnected()
 
 
 async def collect(agen: AsyncIterator[Any]) -> Any:
@@ -150,17 +162,19 @@ class SSEResponse(Response):
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done() and self.on_disconnect is not None:
+                self.on_disconnect()
+        finally:
+            watcher.cancel()
             if not pump.done():
                 pump.cancel()
-                if self.on_disconnect is not None:
-                    self.on_disconnect()
+            # NOTE: the pump iterates the events; closing them before it stopped would raise
+            # "aclose(): asynchronous generator is already running".
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 try:
                     await pump
                 except Exception:  # the response has started: nothing left to tell the client
                     logger.exception("error while streaming a response")
-        finally:
-            watcher.cancel()
             aclose = getattr(self.events, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -14,14 +14,17 @@
   stored chunks that continue the prefix and ``load_disk`` reads them into fresh device slots and
   inserts them into the tree. After a restart the tree is empty and the disk tier serves the prefix.
 
-The host tier's LRU orders host-only leaves and (write-through) duplicate host copies by last access.
+The host tier's LRU orders host-only leaves and (write-through) duplicate host copies by last access
+(by request priority first under the ``priority`` policy). TTL-pinned prefixes are locked on the device,
+so no tier drops them; the host copies of pinned nodes (duplicates) go last.
 Sizes of the plain tree keep counting device tokens; the host tier counts its own (`check_tiers`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -78,12 +81,16 @@ class HiRadixCache(RadixCache):
         host: HostPool | None = None,
         disk: DiskStore | None = None,
         write_policy: str = "write_back",
+        max_pinned_tokens: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy: {write_policy!r} not in {WRITE_POLICIES}")
         if disk is not None and disk.chunk_tokens % page_size:
             raise ValueError(f"disk chunks of {disk.chunk_tokens} tokens are not whole pages of {page_size}")
-        super().__init__(allocator, page_size, eviction_policy)
+        super().__init__(
+            allocator, page_size, eviction_policy, max_pinned_tokens=max_pinned_tokens, clock=clock
+        )
         self.device_allocator = allocator
         self.device_pool = device_pool
         self.host = host
@@ -110,9 +117,10 @@ class HiRadixCache(RadixCache):
         slots: torch.Tensor,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        priority: int | None = None,
     ) -> int:
         """``RadixCache.insert``, then queue the key's whole chunks that the disk tier lacks."""
-        prefix_len = super().insert(key, slots, cache_salt, tenant)
+        prefix_len = super().insert(key, slots, cache_salt, tenant, priority)
         if self.disk is not None and not self.disable:
             self._persist(self._aligned(as_tuple(key)), slots, cache_salt)
         return prefix_len
@@ -322,9 +330,15 @@ class HiRadixCache(RadixCache):
             and (node.value is not None or not node.children)
         )
 
+    def _host_key(self, node: TreeNode) -> tuple[int, ...]:
+        """Host eviction order, smallest first: copies of pinned nodes last, then (with the priority
+        policy) lower priority first, then least recently used."""
+        prio = node.priority if self.eviction_policy == "priority" else 0
+        return (1 if node.pin_ref else 0, prio, node.last_access_time, node.id)
+
     def _evict_host(self, num_tokens: int) -> int:
-        """Free host copies, least recently used first, until ``num_tokens`` are free; returns tokens."""
-        heap = [((n.last_access_time, n.id), n) for n in self._host_nodes if self._host_evictable(n)]
+        """Free host copies in `_host_key` order until ``num_tokens`` are free; returns tokens."""
+        heap = [(self._host_key(n), n) for n in self._host_nodes if self._host_evictable(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -338,7 +352,7 @@ class HiRadixCache(RadixCache):
                 parent = node.parent
                 self._unlink(node)
                 if parent is not None and parent.parent is not None and self._host_evictable(parent):
-                    heapq.heappush(heap, ((parent.last_access_time, parent.id), parent))
+                    heapq.heappush(heap, (self._host_key(parent), parent))
         self._prune_roots()
         return freed
 

@@ -5,6 +5,11 @@ new requests ``match_prefix`` to reuse the longest cached page-aligned prefix. N
 (ref counts up to the namespace root); unlocked leaves are evicted least-recently (or least-frequently)
 used first. Every ``cache_salt`` (namespace) gets its own root, so tenants never share a node.
 
+Requests carry a priority (default 0): the nodes a request inserts or matches take the larger of theirs
+and its; with ``eviction_policy="priority"`` lower priorities are evicted first, least recently used
+first within a priority. TTL pins (`PinnedPrefixes`, ``pins.py``) keep prefixes from eviction until they
+expire.
+
 With tenants, every node records its tenant and the tree counts each tenant's tokens. Given the tenants'
 shares (`TenantShares`), eviction takes the leaves of tenants over their KV quota first (least recently
 used among them), and never cuts into another tenant's reserved share to make room for a requester.
@@ -17,10 +22,12 @@ instead, so nodes may then be off the device (``value`` None) and ``match_prefix
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
+from radixrt.mem_cache.pins import PinnedPrefixes, PinResult, PinView
 from radixrt.mem_cache.tree_node import (
     CacheStats,
     MatchResult,
@@ -31,16 +38,27 @@ from radixrt.mem_cache.tree_node import (
     common_prefix_len,
 )
 
-__all__ = ["CacheStats", "MatchResult", "RadixCache", "SlotFreer", "TenantShares", "TreeNode"]
+__all__ = [
+    "CacheStats", "MatchResult", "PinResult", "PinView", "RadixCache", "SlotFreer", "TenantShares", "TreeNode",
+]  # fmt: skip
 
-_EVICTION_POLICIES = ("lru", "lfu")
+_EVICTION_POLICIES = ("lru", "lfu", "priority")
 
 
-class RadixCache:
-    """Radix tree over token ids whose nodes own KV slots; see the module docstring."""
+class RadixCache(PinnedPrefixes):
+    """Radix tree over token ids whose nodes own KV slots; see the module docstring.
+
+    ``max_pinned_tokens`` caps the TTL pins; ``clock`` (seconds, monotonic) times them.
+    """
 
     def __init__(
-        self, allocator: SlotFreer, page_size: int = 1, eviction_policy: str = "lru", disable: bool = False
+        self,
+        allocator: SlotFreer,
+        page_size: int = 1,
+        eviction_policy: str = "lru",
+        disable: bool = False,
+        max_pinned_tokens: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if eviction_policy not in _EVICTION_POLICIES:
             raise ValueError(f"eviction_policy must be one of {_EVICTION_POLICIES}, got {eviction_policy!r}")
@@ -55,12 +73,14 @@ class RadixCache:
         self.tenant_evicted: dict[str | None, int] = {}
         self._empty = torch.empty(0, dtype=torch.int64)
         self._clock = 0
+        self._init_pins(max_pinned_tokens, clock)
         self._clear()
 
     # ---- public API -------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Drop every node and free its slots; the caller guarantees nothing is locked."""
+        """Drop every pin and node and free its slots; the caller guarantees no request holds a lock."""
+        self.drop_pins()
         if self._protected:
             raise RuntimeError(f"reset() with {self._protected} locked tokens")
         values = [
@@ -70,11 +90,14 @@ class RadixCache:
             self.allocator.free(torch.cat(values))
         self._clear()
 
-    def match_prefix(self, key: Sequence[int], cache_salt: str | None = None) -> MatchResult:
+    def match_prefix(
+        self, key: Sequence[int], cache_salt: str | None = None, priority: int | None = None
+    ) -> MatchResult:
         """Longest cached page-aligned prefix of ``key`` in the ``cache_salt`` namespace.
 
         Splits the last node when the match ends inside it, so ``last_node`` ends exactly at the match;
-        refreshes access time and hit count of every matched node. ``slots`` and ``last_node`` cover the
+        refreshes access time and hit count of every matched node (and the pins the match covers whole);
+        with a ``priority``, raises the matched nodes' to it. ``slots`` and ``last_node`` cover the
         device-resident part; host-only nodes that continue it are ``host_nodes``.
         """
         self.stats.match_calls += 1
@@ -90,6 +113,9 @@ class RadixCache:
         node, matched, path = self._walk(root, tkey, self._clock)
         for n in path:
             n.hit_count += 1
+            if priority is not None and n.priority < priority:
+                n.priority = priority
+        self._refresh_pins(path)
         dev = next((i for i, n in enumerate(path) if n.value is None), len(path))
         values = [n.value for n in path[:dev] if n.value is not None]
         self.stats.cached_tokens += sum(len(v) for v in values)
@@ -103,6 +129,7 @@ class RadixCache:
         slots: torch.Tensor,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        priority: int | None = None,
     ) -> int:
         """Cache ``key[:aligned_len]`` (whole pages only) with ``slots`` (one per token, at least aligned_len).
 
@@ -110,7 +137,8 @@ class RadixCache:
         ownership of (a copy of) ``slots[prefix_len:aligned_len]``; the caller keeps, and must free, the
         slots it computed for positions below ``prefix_len`` (duplicates) and from ``aligned_len`` on.
         Host-only nodes on the path take the caller's slots (they are on the device again). ``tenant``
-        owns the namespace ``cache_salt`` (recorded when the namespace is created).
+        owns the namespace ``cache_salt`` (recorded when the namespace is created). The nodes along the
+        key take the larger of their priority and ``priority`` (default 0); new nodes take ``priority``.
         """
         if self.disable:
             return 0
@@ -129,15 +157,20 @@ class RadixCache:
             )
         self._clock += 1
         node, walked, path = self._walk(root, tkey, self._clock)
+        prio = 0 if priority is None else priority
         prefix_len, i = walked, 0
         for p in path:
+            if p.priority < prio:
+                p.priority = prio
             if p.value is None:  # host-only: it takes the caller's (freshly computed) slots
                 prefix_len = min(prefix_len, i)
                 self._set_device(p, slots[i : i + len(p.key)].to(torch.int64).clone())
                 self.stats.inserted_tokens += len(p.key)
             i += len(p.key)
         if walked < n:
-            leaf = TreeNode(tkey[walked:], slots[walked:n].to(torch.int64).clone(), node, self._clock)
+            leaf = TreeNode(
+                tkey[walked:], slots[walked:n].to(torch.int64).clone(), node, self._clock, priority=prio
+            )
             self._evictable_leaves.discard(node)  # node stops being a (device) leaf
             node.children[self._child_key(leaf.key)] = leaf
             self._evictable_leaves.add(leaf)
@@ -186,8 +219,10 @@ class RadixCache:
         tokens it is about to take, so a tenant growing past its quota makes room from its own prefixes
         before anyone else's); another tenant's leaves are kept while
         they are within its reserved share (unless ``spare_reserved`` is False: the last resort that lets
-        running requests progress); ``only`` restricts eviction to that tenant's leaves.
+        running requests progress); ``only`` restricts eviction to that tenant's leaves. Expired pins are
+        released first; live ones are locks, never evicted.
         """
+        self.expire_pins()
         if num_tokens <= 0 or not self._evictable_leaves:
             return 0
         running = self.shares.running_tokens() if self.shares is not None else {}
@@ -201,11 +236,11 @@ class RadixCache:
 
         def rank(n: TreeNode) -> tuple[int | float, ...]:
             if self.shares is None:
-                return self._priority(n)
+                return self._policy_key(n)
             held = self._tenant_tokens.get(n.tenant, 0) + running.get(n.tenant, 0)
             if n.tenant == requester:
                 held += incoming
-            return (0 if held > self.shares.quota_tokens(n.tenant) else 1, *self._priority(n))
+            return (0 if held > self.shares.quota_tokens(n.tenant) else 1, *self._policy_key(n))
 
         heap = [(rank(n), n) for n in self._evictable_leaves if allowed(n)]
         heapq.heapify(heap)
@@ -258,6 +293,7 @@ class RadixCache:
         leaves: set[TreeNode] = set()
         values: list[torch.Tensor] = []
         per_tenant: dict[str | None, int] = {}
+        every: list[TreeNode] = []
         for salt, root in self._roots.items():
             assert root.parent is None and not root.key and root.lock_ref == 0, f"bad root for {salt!r}"
             for node in self._iter_nodes(root):
@@ -265,8 +301,10 @@ class RadixCache:
                     assert child.parent is node, f"{child!r} has a wrong parent"
                     assert ck == self._child_key(child.key), f"{child!r} under a wrong child key"
                     assert child.lock_ref <= node.lock_ref or node is root, f"{child!r} locked above parent"
+                    assert child.priority <= node.priority or node is root, f"{child!r} outranks its parent"
                 if node is root:
                     continue
+                every.append(node)
                 assert len(node.key) > 0 and len(node.key) % ps == 0, f"{node!r} key not page aligned"
                 assert node.lock_ref >= 0, f"{node!r} negative lock_ref"
                 assert node.tenant == root.tenant, f"{node!r} of tenant {node.tenant!r} under {root.tenant!r}"
@@ -295,6 +333,7 @@ class RadixCache:
         if values:
             slots = torch.cat(values)
             assert torch.unique(slots).numel() == slots.numel(), "a slot is owned by two nodes"
+        self._check_pins(every)
 
     def pretty_print(self) -> str:
         """A readable dump of every namespace (for debugging)."""
@@ -308,8 +347,9 @@ class RadixCache:
                 node, depth = stack.pop()
                 head = ",".join(map(str, node.key[:8])) + (",..." if len(node.key) > 8 else "")
                 lines.append(
-                    f"{'  ' * depth}[{head}] len={len(node.key)} lock={node.lock_ref} "
-                    f"t={node.last_access_time} hits={node.hit_count} in={'+'.join(node.tiers())}"
+                    f"{'  ' * depth}[{head}] len={len(node.key)} lock={node.lock_ref} pins={node.pin_ref} "
+                    f"prio={node.priority} t={node.last_access_time} hits={node.hit_count} "
+                    f"in={'+'.join(node.tiers())}"
                 )
                 stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
         return "\n".join(lines)
@@ -333,9 +373,12 @@ class RadixCache:
     def _child_key(self, key: tuple[int, ...], start: int = 0) -> int | tuple[int, ...]:
         return key[start] if self.page_size == 1 else key[start : start + self.page_size]
 
-    def _priority(self, node: TreeNode) -> tuple[int | float, ...]:
+    def _policy_key(self, node: TreeNode) -> tuple[int | float, ...]:
+        """Eviction order among a tenant class: the smallest key goes first."""
         if self.eviction_policy == "lfu":
             return (node.hit_count, node.last_access_time, node.id)
+        if self.eviction_policy == "priority":
+            return (node.priority, node.last_access_time, node.id)
         return (node.last_access_time, node.id)
 
     def _walk(self, root: TreeNode, key: tuple[int, ...], now: int) -> tuple[TreeNode, int, list[TreeNode]]:
@@ -369,6 +412,7 @@ class RadixCache:
         upper = TreeNode(node.key[:at], None if value is None else value[:at], parent, node.last_access_time)
         upper.lock_ref = node.lock_ref  # same locked prefix, so sizes do not move
         upper.hit_count = node.hit_count
+        upper.priority, upper.pin_ref = node.priority, node.pin_ref  # pins end at or below ``node``
         upper.on_disk = node.on_disk
         parent.children[self._child_key(upper.key)] = upper
         node.key, node.parent = node.key[at:], upper

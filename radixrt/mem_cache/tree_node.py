@@ -4,6 +4,9 @@ A node's KV lives in one or several tiers: ``value`` holds its device slots (Non
 device pool), ``host_value`` its host-pool slots (hierarchical cache only), and ``on_disk`` says that
 every token of the node is stored in whole chunks of the persistent disk tier. A node in the tree is on
 the device or on the host (or both); the device-resident nodes form a subtree hanging from the root.
+
+``priority`` is the highest request priority that inserted or matched the node (a parent's is never
+lower than its children's); ``pin_ref`` counts the TTL pins whose prefix covers the node (`pins.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ class SlotFreer(Protocol):
 
 
 class TenantShares(Protocol):
-    """The tenants' KV shares, in tokens, as eviction needs them."""
+    """The tenants' KV shares, in tokens, as eviction (and the pin budget) needs them."""
+
+    @property
+    def total(self) -> int:
+        """The device KV pool, in tokens."""
+        ...
 
     def quota_tokens(self, tenant: str | None) -> int: ...
 
@@ -44,7 +52,7 @@ class TreeNode:
 
     __slots__ = (
         "key", "value", "host_value", "on_disk", "children", "parent", "lock_ref", "last_access_time",
-        "hit_count", "id", "tenant",
+        "hit_count", "id", "tenant", "priority", "pin_ref",
     )  # fmt: skip
 
     def __init__(
@@ -54,6 +62,7 @@ class TreeNode:
         parent: TreeNode | None,
         last_access_time: int,
         tenant: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.key = key
         self.tenant: str | None = parent.tenant if parent is not None else tenant
@@ -66,6 +75,8 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access_time = last_access_time
         self.hit_count = 0
+        self.priority = priority
+        self.pin_ref = 0  # pins covering this node; each also holds one lock_ref on its deepest node
         self.id = next(_node_ids)  # unique tie-break for the eviction heaps
 
     @property
@@ -82,7 +93,10 @@ class TreeNode:
         return tuple(t for t, here in where if here)
 
     def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref}, tiers={self.tiers()})"
+        return (
+            f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref}, pin_ref={self.pin_ref}, "
+            f"tiers={self.tiers()})"
+        )
 
 
 class MatchResult(NamedTuple):

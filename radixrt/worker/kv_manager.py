@@ -17,6 +17,7 @@ from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.hiradix_cache import HiRadixCache
 from radixrt.mem_cache.radix_cache import MatchResult, RadixCache
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
+from radixrt.protocol import DropPinsReq, ListPinsReq, PinInfo, StatsOut
 from radixrt.server_args import ServerArgs
 from radixrt.worker.req import Req
 
@@ -29,9 +30,14 @@ logger = logging.getLogger(__name__)
 def build_tree(args: ServerArgs, runner: ModelRunner, model_path: str) -> RadixCache:
     """The RadixCache, or with ``--enable-hierarchical-cache`` the HiRadixCache with its host tier (and
     the disk tier with ``--hicache-storage-dir``)."""
+    max_pinned = int(args.max_pinned_ratio * runner.allocator.total_slots)
     if not args.enable_hierarchical_cache:
         return RadixCache(
-            runner.allocator, args.page_size, args.radix_eviction_policy, disable=args.disable_radix_cache
+            runner.allocator,
+            args.page_size,
+            args.radix_eviction_policy,
+            disable=args.disable_radix_cache,
+            max_pinned_tokens=max_pinned,
         )
     from radixrt.mem_cache.disk_store import FORMAT, DiskStore, chunk_tokens_for, model_fingerprint
     from radixrt.mem_cache.host_pool import HostPool
@@ -70,7 +76,9 @@ def build_tree(args: ServerArgs, runner: ModelRunner, model_path: str) -> RadixC
         policy,
         disk.dir if disk is not None else "off",
     )
-    return HiRadixCache(runner.allocator, pool, ps, args.radix_eviction_policy, host, disk, policy)
+    return HiRadixCache(
+        runner.allocator, pool, ps, args.radix_eviction_policy, host, disk, policy, max_pinned
+    )
 
 
 class KVManager:
@@ -137,7 +145,7 @@ class KVManager:
         if row is None:
             return False
         ids = req.fill_ids[: req.max_prefix_len()]
-        match = self.tree.match_prefix(ids, req.cache_salt)
+        match = self.tree.match_prefix(ids, req.cache_salt, req.priority)
         if isinstance(self.tree, HiRadixCache):
             match = self._load_tiers(req, ids, match, self.tree)
         n = len(match.slots)
@@ -188,7 +196,7 @@ class KVManager:
         key = req.fill_ids[:aligned]
         row = self.req_pool.req_to_token[req.req_pool_idx]
         slots = row[:aligned].clone()
-        prefix_len = self.tree.insert(key, slots, req.cache_salt, req.tenant)
+        prefix_len = self.tree.insert(key, slots, req.cache_salt, req.tenant, req.priority)
         if prefix_len > req.cached_len:
             self.allocator.free(slots[req.cached_len : prefix_len])
         match = self.tree.match_prefix(key, req.cache_salt)
@@ -199,7 +207,8 @@ class KVManager:
         req.last_node, req.cached_len = match.last_node, aligned
 
     def release(self, req: Req) -> None:
-        """Finished, aborted or retracted: cache what was computed, unlock, free the rest and the row."""
+        """Finished, aborted or retracted: cache what was computed, unlock, free the rest and the row.
+        A request that finished (not aborted) with a ``pin_ttl`` pins the prefix it cached."""
         if req.req_pool_idx is None:
             return
         row = self.req_pool.req_to_token[req.req_pool_idx]
@@ -209,14 +218,31 @@ class KVManager:
         if not self.tree.disable:
             aligned = kv_len // self.page_size * self.page_size
             all_ids = req.origin_input_ids + req.output_ids
-            prefix_len = self.tree.insert(all_ids[:aligned], slots[:aligned], req.cache_salt, req.tenant)
+            key = all_ids[:aligned]
+            prefix_len = self.tree.insert(key, slots[:aligned], req.cache_salt, req.tenant, req.priority)
             if prefix_len > req.cached_len:
                 self.allocator.free(slots[req.cached_len : prefix_len])
             own_from = aligned
+            reason = req.finish_reason
+            if req.pin_ttl is not None and reason is not None and reason.get("type") != "abort":
+                req.pin_id, req.pinned_tokens = self.tree.pin(key, req.cache_salt, req.pin_ttl)
         self.allocator.free(slots[own_from:kv_len])
         self.tree.dec_lock_ref(req.last_node)
         self.req_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
+
+    def pins(self, msg: ListPinsReq | DropPinsReq) -> StatsOut:
+        """Answer an admin pin request: the live pins, or release one (ok False when unknown) or all."""
+        tree = self.tree
+        if isinstance(msg, ListPinsReq):
+            pins = [PinInfo(p.pin_id, p.tokens, round(p.expires_in_s, 3), p.tenant) for p in tree.list_pins()]
+            return StatsOut(pins=pins)
+        if msg.pin_id is None:
+            dropped = tree.drop_pins()
+            return StatsOut(message=f"dropped {dropped} pins", stats={"dropped": float(dropped)})
+        if not tree.drop_pin(msg.pin_id):
+            return StatsOut(ok=False, message=f"pin_id: no pin {msg.pin_id!r}")
+        return StatsOut(message="dropped 1 pin", stats={"dropped": 1.0})
 
     def close(self) -> None:
         """Finish the tiers' background work (the disk tier's queued writes)."""
@@ -238,6 +264,8 @@ class KVManager:
         assert evictable + protected == tree.total_size(), "tree sizes disagree"
         if isinstance(tree, HiRadixCache):
             tree.check_tiers(idle)
+        pinned = tree.pinned_size()
+        assert pinned <= protected, f"pinned {pinned} > locked {protected}"
         in_use = sum(self.owned_slots(r) for r in live)
         free = self.allocator.available_size()
         total = self.allocator.total_slots
@@ -246,5 +274,5 @@ class KVManager:
         )
         if idle:
             assert not live, f"{len(live)} requests still live at idle"
-            assert protected == 0, f"{protected} tokens still locked at idle"
+            assert protected == pinned, f"{protected - pinned} tokens still locked (not by pins) at idle"
             assert self.req_pool.available_size() == self.req_pool.size, "ReqToTokenPool rows leaked"

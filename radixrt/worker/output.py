@@ -178,6 +178,8 @@ class OutputMixin:
             if self.kv.tiered:
                 out.cached_tokens_host = req.cached_host_tokens
                 out.cached_tokens_disk = req.cached_disk_tokens
+            if req.pin_ttl is not None and req.finish_reason is not None:
+                out.pinned_tokens, out.pin_id = req.pinned_tokens, req.pin_id
             req.pending_out = []
             if req.finish_reason is not None:
                 self.by_rid.pop(req.rid, None)

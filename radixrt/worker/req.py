@@ -50,6 +50,10 @@ class Req:
         "grammar_key",
         "grammar_since",
         "jumped",
+        "priority",
+        "pin_ttl",
+        "pinned_tokens",
+        "pin_id",
     )
 
     def __init__(self, msg: TokenizedGenerateReq, arrival: int) -> None:
@@ -91,6 +95,10 @@ class Req:
         self.grammar_key: tuple[str, str] | None = None
         self.grammar_since = 0.0
         self.jumped = False  # jump-forward appended tokens that still need KV
+        self.priority = msg.priority  # cache priority (None: the default, 0)
+        self.pin_ttl = msg.pin_ttl  # pin the cached prefix for this long when it finishes (None: no pin)
+        self.pinned_tokens = 0
+        self.pin_id: str | None = None
 
     @property
     def prefill_done(self) -> bool:

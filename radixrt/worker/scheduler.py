@@ -14,12 +14,21 @@ from typing import Protocol
 import torch
 
 from kernels.base import ForwardMode
-from radixrt.constrained.grammar import GrammarBackend, GrammarError, grammar_key
+from radixrt.constrained.grammar import (
+    DEFAULT_CLIENT,
+    GrammarBackend,
+    GrammarBusy,
+    GrammarError,
+    GrammarLimits,
+    grammar_key,
+)
 from radixrt.protocol import (
     AbortReq,
     BatchTokenOut,
+    DropPinsReq,
     FlushCacheReq,
     GetStatsReq,
+    ListPinsReq,
     ReqOut,
     StatsOut,
     TokenizedGenerateReq,
@@ -44,6 +53,7 @@ DEDUP_MIN_SHARED = 32
 # Decode growth reserved at admission per running request: ratio x remaining max_new_tokens (clipped).
 NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.15, 0.002
 CLIP_MAX_NEW_TOKENS = 1024
+TIMEOUT_SWEEP_S = 0.05  # how often the scheduler looks for requests past --request-timeout
 
 
 class Inbox(Protocol):
@@ -85,6 +95,8 @@ class Scheduler(OutputMixin):
         self.grammar_waiting: list[Req] = []  # constrained requests whose grammar is compiling
         self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
         self._grammar: GrammarBackend | None = None
+        self.arrived_at: dict[str, float] = {}  # rid -> monotonic arrival, with --request-timeout only
+        self._next_sweep = 0.0
 
     # -- loop -----------------------------------------------------------------------------------
     def run_forever(self, inbox: Inbox, should_stop: Callable[[], bool]) -> None:
@@ -112,12 +124,17 @@ class Scheduler(OutputMixin):
             from radixrt.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(self.args.tokenizer_path or self.model_path)
+            args = self.args
+            limits = GrammarLimits(
+                compile_timeout_s=args.grammar_compile_timeout,
+                compile_threads=args.grammar_compile_threads,
+                compiles_per_client=args.max_grammar_compiles_per_client,
+                cache_bytes=int(args.grammar_cache_size_mb * 2**20),
+                max_grammar_bytes=args.max_grammar_bytes,
+                reserve_thread=self.ledger is not None,  # tenants: one never holds every compile thread
+            )
             self._grammar = GrammarBackend(
-                tokenizer,
-                self.vocab_size,
-                sorted(self.eos_ids),
-                json_whitespace=self.args.json_whitespace,
-                compile_timeout_s=self.args.grammar_compile_timeout,
+                tokenizer, self.vocab_size, sorted(self.eos_ids), args.json_whitespace, limits
             )
         return self._grammar
 
@@ -132,6 +149,8 @@ class Scheduler(OutputMixin):
         elif isinstance(msg, GetStatsReq):
             tenants = self.ledger.snapshot() if self.ledger is not None else None
             self.send(StatsOut(stats=self.snapshot(), tenants=tenants))
+        elif isinstance(msg, ListPinsReq | DropPinsReq):
+            self.send(self.kv.pins(msg))
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.arrivals)
@@ -146,24 +165,40 @@ class Scheduler(OutputMixin):
             error = f"prompt ({len(req.origin_input_ids)} tokens) does not fit the KV pool"
         elif req.tenant is not None and (self.ledger is None or req.tenant not in self.ledger.counters):
             error = f"tenant: {req.tenant!r} is not a tenant of this server"
-        if error is not None:
-            self.send(
-                BatchTokenOut(
-                    [ReqOut(req.rid, [], len(req.origin_input_ids), 0, {"type": "abort", "message": error})]
+        status = 400
+        bound = self.args.max_queued_requests
+        if error is None and bound and len(self.waiting) + len(self.grammar_waiting) >= bound:
+            error, status = f"the request queue is full ({bound} waiting requests); retry later", 429
+        elif error is None and bound and self.ledger is not None:
+            share = self.ledger.queue_share(req.tenant, bound)
+            if sum(r.tenant == req.tenant for r in (*self.waiting, *self.grammar_waiting)) >= share:
+                error = (
+                    f"tenant {req.tenant!r} has its share of the request queue ({share} waiting); retry later"
                 )
-            )
+                status = 429
+        req.grammar_key = grammar_key(req.params)
+        if error is None and req.grammar_key is not None:
+            try:  # last check: it may start a compilation
+                self.grammar.submit(req.grammar_key, req.tenant or DEFAULT_CLIENT)
+            except (GrammarError, GrammarBusy) as exc:  # too large (400) / client's share in flight (429)
+                error, status = str(exc), exc.status_code
+        if error is not None:  # refused: never counted in num_requests, its reason carries the HTTP status
+            self.stats.num_refused += 1
+            reason = {"type": "abort", "message": error, "status_code": status}
+            self.send(BatchTokenOut([ReqOut(req.rid, [], len(req.origin_input_ids), 0, reason)]))
             return
         self.by_rid[req.rid] = req
+        if self.args.request_timeout is not None:
+            self.arrived_at[req.rid] = time.monotonic()
         self.stats.on_arrival(req)
-        req.grammar_key = grammar_key(req.params)
         if req.grammar_key is not None:
             req.grammar_since = time.monotonic()
-            self.grammar.submit(req.grammar_key)
             self.grammar_waiting.append(req)
         else:
             self.waiting.append(req)
 
-    def abort(self, rid: str, reason: str) -> None:
+    def abort(self, rid: str, reason: str, status_code: int | None = None) -> None:
+        """End a request wherever it is and free its KV; ``status_code`` tells the client why (HTTP)."""
         req = self.by_rid.get(rid)
         if req is None:
             return
@@ -177,8 +212,12 @@ class Scheduler(OutputMixin):
             self.chunked = None
         elif req in self.running:
             self.running.remove(req)
+        if reason == "stop":  # the client matched a stop string: a normal end, so a cache_control pin applies
+            req.finish_reason = {"type": "stop"}
         self.kv.release(req)
         req.finish_reason = {"type": "abort", "message": reason}
+        if status_code is not None:
+            req.finish_reason["status_code"] = status_code
         self.stats.on_finish(req)
         self._emit([req])
 
@@ -190,11 +229,14 @@ class Scheduler(OutputMixin):
         return StatsOut(ok=True, message="cache flushed")
 
     def snapshot(self) -> dict[str, float]:
-        return self.stats.snapshot(self)
+        return {**self.stats.snapshot(self), "kv_pinned_tokens": self.tree.pinned_size()}
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> None:
         """One forward: a prefill batch if anything can be admitted, else one decode step."""
+        self.tree.expire_pins()  # cheap unless a pin is due
+        if self.args.request_timeout is not None:
+            self._sweep_timeouts()
         if self.grammar_waiting:
             self._poll_grammars()
         batch = self._admit()
@@ -205,16 +247,31 @@ class Scheduler(OutputMixin):
         if self.check_invariant_each_step:
             self.kv.check_invariant(self.live_reqs(), idle=self.is_idle())
 
+    def _sweep_timeouts(self) -> None:
+        """Abort the requests older than --request-timeout (queued or running): KV freed, 504 to the client."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + TIMEOUT_SWEEP_S
+        limit = self.args.request_timeout
+        assert limit is not None
+        self.arrived_at = {rid: t for rid, t in self.arrived_at.items() if rid in self.by_rid}
+        for rid in [rid for rid, t in self.arrived_at.items() if now - t > limit]:
+            self.stats.num_timed_out += 1
+            self.abort(rid, f"request timed out after {limit:g}s (--request-timeout)", status_code=504)
+
     def _poll_grammars(self) -> None:
         """Move requests whose grammar compiled to the waiting queue; fail those whose did not."""
         still: list[Req] = []
+        self.grammar.collect()
         for req in self.grammar_waiting:
             assert req.grammar_key is not None
-            res = self.grammar.poll(req.grammar_key, req.grammar_since)
+            res = self.grammar.poll(req.grammar_key, req.tenant or DEFAULT_CLIENT)
             if res is None:
                 still.append(req)
             elif isinstance(res, GrammarError):
                 req.finish_reason = {"type": "abort", "message": str(res), "status_code": 400}
+                self.stats.on_finish(req)
                 self._emit([req])
             else:
                 req.grammar = res
@@ -292,7 +349,9 @@ class Scheduler(OutputMixin):
                     req.finish_reason = {
                         "type": "abort",
                         "message": "out of KV memory: request exceeds the KV pool",
+                        "status_code": 400,
                     }
+                    self.stats.on_finish(req)
                     self._emit([req])
                 break
             headroom -= need

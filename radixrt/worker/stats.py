@@ -15,10 +15,18 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class SchedulerStats:
-    """Cumulative counts since start (or since the last ``reset``)."""
+    """Cumulative counts since start (or since the last ``reset``).
+
+    Every request the worker accepts counts once in ``num_requests`` and, once it ends for any reason
+    (finished, aborted, timed out, failed grammar, out of memory), once in ``num_finished``; at idle the
+    two are equal. A request refused on arrival (queue full, does not fit, unknown tenant) counts only in
+    ``num_refused``.
+    """
 
     num_requests: int = 0
     num_finished: int = 0
+    num_refused: int = 0
+    num_timed_out: int = 0  # of num_finished: aborted by --request-timeout
     prompt_tokens: int = 0
     cached_tokens: int = 0
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
@@ -61,6 +69,8 @@ class SchedulerStats:
             **tiers,
             "num_requests": self.num_requests,
             "num_finished": self.num_finished,
+            "num_refused": self.num_refused,
+            "num_timed_out": self.num_timed_out,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "cached_tokens_device": self.cached_tokens - self.cached_host_tokens - self.cached_disk_tokens,
@@ -83,7 +93,7 @@ class SchedulerStats:
             ),
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "num_running_reqs": len(sched.running) + (1 if sched.chunked else 0),
-            "num_queue_reqs": len(sched.waiting),
+            "num_queue_reqs": len(sched.waiting) + len(sched.grammar_waiting),
             "kv_total_tokens": total,
             "kv_used_tokens": used,
             "kv_cached_tokens": kv.tree.total_size(),

@@ -10,6 +10,7 @@ in the queue (never fails for the quota). Alone on the server a tenant may use t
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +70,13 @@ class TenantLedger:
         for r in self.live():
             held[r.tenant] += self.kv.owned_slots(r)
         return dict(held)
+
+    def queue_share(self, tenant: str | None, bound: int) -> int:
+        """The most waiting requests ``tenant`` may have in a queue of ``bound``: its ``kv_quota`` of it
+        (at least one), so that a flooding tenant meets 429s while the others still get in."""
+        if tenant is None or tenant == ADMIN_TENANT:
+            return bound
+        return max(1, math.ceil(self.config.get(tenant).kv_quota * bound))
 
     # -- admission --------------------------------------------------------------------------------
     def admission_rank(self, req: Req) -> int:
