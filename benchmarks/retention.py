@@ -37,6 +37,7 @@ from benchmarks.agents import multi_turn, react, tot
 from benchmarks.agents.data import DEFAULT_DATA, load_traces
 from benchmarks.agents.workload import Scale, Workload
 from benchmarks.belady import TraceRequest, simulate, working_set
+from benchmarks.common import write_json
 from frontend_lang import Runtime, RuntimeEndpoint
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -262,8 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = markdown(rows)
     print(table)
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)  # no machine paths
         plot(rows, args.out.with_suffix(".png"))
         print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return result

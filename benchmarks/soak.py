@@ -57,6 +57,14 @@ QUIET = ("alpha", "beta")
 NOISY = "noisy"
 FIRST_ID, LAST_ID = 3, 8000  # random ids stay clear of the tokenizer's special tokens
 START_TIMEOUT_S = 300.0
+# error codes of an SSE error event -> the status a non-stream request gets for the same failure
+STREAM_ERRORS = {
+    "worker_unavailable": "503",
+    "server_shutting_down": "503",
+    "server_overloaded": "503",
+    "rate_limit_exceeded": "429",
+    "request_timeout": "5xx:504",
+}
 
 
 @dataclass(slots=True)
@@ -157,9 +165,9 @@ async def one(client: httpx.AsyncClient, rec: Record, ids: list[int], max_new: i
                     if not line.startswith("data:") or line == "data: [DONE]":
                         continue
                     data = json.loads(line[5:])
-                    if "error" in data:
-                        code = int(data["error"].get("code") or 500)
-                        rec.status = str(code) if code in (429, 503) else f"{code // 100}xx:{code}"
+                    if "error" in data:  # a stream that fails after its start: the code names the status
+                        code = str(data["error"].get("code"))
+                        rec.status = STREAM_ERRORS.get(code, f"5xx:{code}")
                         return []
                     if rec.ttft is None and data["meta_info"]["completion_tokens"] > 0:
                         rec.ttft = time.perf_counter() - t0

@@ -180,11 +180,18 @@ class ZmqWorkerClient:
 
     def send(self, msg: WorkerInput) -> None:
         """Queue a message for the worker; raises WorkerDeadError once it is gone."""
-        if not self._alive:
-            raise WorkerDeadError("the worker process is not running")
         data = self._encoder.encode(msg)
+        # NOTE: checked under the lock that `shutdown` closes the socket under: a ZeroMQ socket used by
+        # one thread while another closes it aborts the process (an assertion inside libzmq).
         with self._send_lock:
-            self._push.send(data)
+            if not self._alive:
+                raise WorkerDeadError("the worker process is not running")
+            try:
+                # NOBLOCK: with no high-water mark a connected worker never makes this wait; a PUSH socket
+                # without a peer (the worker just died) would block the caller, the event loop, forever.
+                self._push.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                raise WorkerDeadError("the worker process is not connected") from None
 
     def is_alive(self) -> bool:
         return self._alive
@@ -221,7 +228,8 @@ class ZmqWorkerClient:
                 return
 
     def _died(self, code: int) -> None:
-        self._alive = False
+        with self._send_lock:
+            self._alive = False
         self.exit_code = code
         logger.error(
             "the worker process (pid %d) exited with code %d; failing all requests", self.proc.pid, code
@@ -245,7 +253,8 @@ class ZmqWorkerClient:
                 self.proc.wait()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self._push.close()
+        with self._send_lock:
+            self._push.close()
         self._pull.close()
         self._ctx.term()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)

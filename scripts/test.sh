@@ -8,4 +8,4 @@ ruff check .
 ruff format --check .
 mypy
 # pytest exits 5 when it collects no tests; set -e turns that (like any failure) into a red run.
-python -m pytest -q -x tests
+python -m pytest -q -x --durations=20 tests

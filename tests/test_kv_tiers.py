@@ -223,6 +223,21 @@ def test_node_evicted_to_host_is_loaded_back_bitwise(tiny_llama: Path, engine_fa
     assert (n, host_len) == (60, 0)
     assert torch.equal(loaded[0].view(torch.uint8), original[0].view(torch.uint8))
     assert torch.equal(loaded[1].view(torch.uint8), original[1].view(torch.uint8))
+    # /metrics exposes the split and the tier counters, from the same worker stats
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixrt.http.metrics import ServerMetrics
+
+    samples = {
+        (s.name, s.labels.get("tier")): s.value
+        for fam in text_string_to_metric_families(ServerMetrics("m").render(after, None).decode())
+        for s in fam.samples
+    }
+    assert samples[("radixrt:cached_tokens_by_tier_total", "host")] == after["cached_tokens_host"] >= host_len
+    assert samples[("radixrt:cached_tokens_by_tier_total", "device")] == after["cached_tokens_device"]
+    assert samples[("radixrt:host_backup_tokens_total", None)] >= 60
+    assert samples[("radixrt:host_load_tokens_total", None)] == after["host_load_tokens"] > 0
+    assert samples[("radixrt:kv_host_total_tokens", None)] > 0
 
 
 # ---- the disk tier: restart, rejection --------------------------------------------------------------

@@ -68,7 +68,7 @@ def assert_no_key(pid: int) -> None:
 def test_kill_restart_then_give_up(server_model: Path, tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RADIXRT_API_KEY", KEY)  # the key from the environment, not --api-key
-        flags = ["--max-total-tokens", "8192", "--disable-compile", "--max-worker-restarts", "1"]
+        flags = ["--max-total-tokens", "8192", "--disable-compile", "--max-worker-restarts", "2"]
         srv = ServerProcess(server_model, tmp_path / "server.log", flags, None, cli=False)
     srv.api_key = KEY
     try:
@@ -105,8 +105,37 @@ def test_kill_restart_then_give_up(server_model: Path, tmp_path: Path) -> None:
             wait_idle(c)
             assert metric(c.get("/metrics").text, "radixrt:worker_restarts_total") == 1.0
         log = srv.log.read_text()
-        assert "restarting the worker in 1s (restart 1 of at most 1" in log
-        # the second death is one beyond --max-worker-restarts 1: the server gives up, exit code 1
+        assert "restarting the worker in 1s (restart 1 of at most 2" in log
+        # a death under a flood of concurrent requests: each gets an answer (never a hang), the HTTP
+        # process survives sends racing the death (a PUSH socket without a peer used to block the event
+        # loop forever) and the worker comes back
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def flood() -> None:
+            with srv.client(timeout=30) as fc:
+                while not stop.is_set():
+                    body = {"text": "flood", "sampling_params": {"max_new_tokens": 4}}
+                    statuses.append(fc.post("/generate", json=body).status_code)
+
+        threads = [threading.Thread(target=flood) for _ in range(8)]
+        for th in threads:
+            th.start()
+        wait_until(lambda: len(statuses) >= 16, timeout=30)
+        os.kill(new, signal.SIGKILL)
+        with srv.client() as c:
+            wait_until(lambda: c.get("/health").status_code == 503, timeout=10)
+            wait_until(lambda: c.get("/health").status_code == 200, timeout=90)
+            stop.set()
+            for th in threads:
+                th.join(40)
+            assert not any(th.is_alive() for th in threads), "a request hung"
+            assert set(statuses) <= {200, 503} and 503 in statuses and statuses[-1] == 200, set(statuses)
+            info = c.get("/server_info").json()
+            assert info["worker_restarts"] == 2
+            wait_idle(c)
+            new = info["worker_pid"]
+        # the third death is one beyond --max-worker-restarts 2: the server gives up, exit code 1
         new_ipc = Path(info["ipc_dir"])
         os.kill(new, signal.SIGKILL)
         assert srv.proc.wait(30) == 1

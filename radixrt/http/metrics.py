@@ -37,6 +37,28 @@ _WORKER_GAUGES = {
     "kv_total_tokens": ("kv_total_tokens", "KV pool size in tokens"),
     "cache_hit_rate": ("cache_hit_rate", "Cached prompt tokens / prompt tokens, since start"),
 }
+# With --enable-hierarchical-cache (and --hicache-storage-dir): the tiers behind the device pool, and pins
+_TIER_GAUGES = {
+    "kv_host_used_tokens": ("kv_host_used_tokens", "Tokens held by the host tier"),
+    "kv_host_total_tokens": ("kv_host_total_tokens", "Host tier size in tokens"),
+    "disk_tokens": ("disk_tokens", "Tokens stored by the disk tier"),
+    "disk_bytes": ("disk_bytes", "Bytes stored by the disk tier"),
+    "kv_pinned_tokens": ("kv_pinned_tokens", "Tokens held by TTL pins"),
+}
+_TIER_COUNTERS = {
+    "host_backup_tokens": ("host_backup_tokens", "Tokens copied device -> host"),
+    "host_load_tokens": ("host_load_tokens", "Tokens loaded host -> device before an extend"),
+    "host_evicted_tokens": ("host_evicted_tokens", "Tokens dropped by the host tier's LRU"),
+    "device_dropped_tokens": ("device_dropped_tokens", "Tokens evicted from the device with no host room"),
+    "disk_load_tokens": ("disk_load_tokens", "Tokens loaded disk -> device"),
+    "disk_written_chunks": ("disk_written_chunks", "Chunks written to the disk tier"),
+    "disk_rejected_files": ("disk_rejected_files", "Disk files rejected (checksum, identity, truncation)"),
+}
+_CACHED_BY_TIER = {
+    "device": "cached_tokens_device",
+    "host": "cached_tokens_host",
+    "disk": "cached_tokens_disk",
+}
 _WORKER_COUNTERS = {
     "evicted_tokens": ("evicted_tokens", "Tokens evicted from the RadixCache"),
     "retractions": ("num_retractions", "Running requests retracted to free KV memory"),
@@ -116,6 +138,20 @@ class _WorkerCollector(Collector):
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self.model_name], float(self.stats.get(key, 0.0)))
             yield c
+        by_tier = CounterMetricFamily(
+            PREFIX + "cached_tokens_by_tier",
+            "Cached prompt tokens of finished requests, by the tier they were served from",
+            labels=["model_name", "tier"],
+        )
+        for tier, key in _CACHED_BY_TIER.items():
+            by_tier.add_metric([self.model_name, tier], float(self.stats.get(key, 0.0)))
+        yield by_tier
+        for table, family in ((_TIER_GAUGES, GaugeMetricFamily), (_TIER_COUNTERS, CounterMetricFamily)):
+            for key, (name, doc) in table.items():
+                if key in self.stats:  # only the tiers this server has
+                    m = family(PREFIX + name, doc, labels=["model_name"])
+                    m.add_metric([self.model_name], float(self.stats[key]))
+                    yield m
         if self.tenants is None:
             return
         labels = ["model_name", "tenant"]
