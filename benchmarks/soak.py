@@ -215,7 +215,7 @@ async def quiet_tenant(url: str, tenant: str, phase: Phase, ns: argparse.Namespa
 async def noisy_tenant(
     url: str, phase: Phase, ns: argparse.Namespace, stop: float, rng: random.Random
 ) -> None:
-    """``ns.noisy_concurrency`` loops of long distinct prompts, retrying 429s at once (a flood)."""
+    """``ns.noisy_concurrency`` loops of long distinct prompts, retrying a refusal after ``ns.noisy_retry_s``."""
     headers = {"Authorization": f"Bearer key-{NOISY}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None) as client:
 
@@ -227,7 +227,7 @@ async def noisy_tenant(
                 phase.records.append(rec)
                 await one(client, rec, prompt, ns.output_len, r.random() < ns.disconnect, ns.hang_s)
                 if rec.status != "200":
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(ns.noisy_retry_s)
 
         await asyncio.gather(*(loop(rng.randrange(2**31)) for _ in range(ns.noisy_concurrency)))
 
@@ -389,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--think-s", type=float, default=0.3)
     p.add_argument("--noisy-len", type=int, default=600)
     p.add_argument("--noisy-concurrency", type=int, default=24)
+    p.add_argument("--noisy-retry-s", type=float, default=0.25,
+                   help="the noisy tenant's pause after a refused request (openai-python's first backoff: 0.5)")  # fmt: skip
     p.add_argument("--disconnect", type=float, default=0.05, help="share of requests that leave early")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--readme", action="store_true", help="write the table into benchmarks/README.md")

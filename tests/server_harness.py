@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,24 @@ import httpx
 
 START_TIMEOUT_S = 120.0
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> float:
+    """Seconds until ``cond()`` held; fails after ``timeout``."""
+    start = time.monotonic()
+    while not cond():
+        assert time.monotonic() - start < timeout, "condition not reached in time"
+        time.sleep(0.05)
+    return time.monotonic() - start
 
 
 def free_port() -> int:

@@ -13,28 +13,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_harness import ServerProcess
+from server_harness import ServerProcess, pid_alive, wait_until
 
 pytest_plugins = ["server_fixtures"]
 
 KEY = "sk-test-123"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_until(cond: Callable[[], bool], timeout: float) -> float:
-    """Seconds until ``cond()`` held; fails after ``timeout``."""
-    start = time.monotonic()
-    while not cond():
-        assert time.monotonic() - start < timeout, "condition not reached in time"
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def test_api_key_then_worker_death_then_sigint(

@@ -5,34 +5,17 @@ exits 0 without a traceback and removes its sockets."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from server_harness import ServerProcess
+from server_harness import ServerProcess, pid_alive, wait_until
 
 pytest_plugins = ["server_fixtures"]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_until(cond: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 class Clients:

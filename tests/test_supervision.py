@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_harness import ServerProcess, wait_idle
+from server_harness import ServerProcess, pid_alive, wait_idle, wait_until
 
 from radixrt.launch_server import resolve_api_key
 from radixrt.server_args import ServerArgs
@@ -28,23 +28,6 @@ pytest_plugins = ["server_fixtures"]
 
 KEY = "sk-supervision-secret-4711"
 GREEDY = {"text": "the same prompt", "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_until(cond: Callable[[], bool], timeout: float) -> float:
-    """Seconds until ``cond()`` held; fails after ``timeout``."""
-    start = time.monotonic()
-    while not cond():
-        assert time.monotonic() - start < timeout, "condition not reached in time"
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def dead_pid() -> int:

@@ -183,3 +183,26 @@ def test_a_flooding_tenant_meets_429_within_its_queue_share(
     assert quiet == ["ok", "ok"]
     refused = [o for o in noisy if isinstance(o, RequestFailedError)]
     assert len(refused) >= 4 and all(o.status_code == 429 and "share" in str(o) for o in refused)
+
+
+def test_quota_holds_while_another_tenant_is_between_turns(
+    tiny_llama: Path, tmp_path: Path, engine_factory
+) -> None:
+    """Quiet's last request finished moments ago (inside ACTIVE_WINDOW_S): noisy's sequential prompts stay
+    within its quota. Once the window lapses noisy is alone and may use the whole pool."""
+    cfg = tenants_file(tmp_path, [{"name": "quiet", "api_keys": ["q"]},
+                                  {"name": "noisy", "api_keys": ["n"], "kv_quota": 0.25}])  # fmt: skip
+    eng = engine_factory(tiny_llama, max_total_tokens=2048, tenants=cfg)
+    now = [1000.0]
+    eng.worker.call(lambda s: setattr(s.ledger, "clock", lambda: now[0]), timeout=30)
+    prompts = prompts_of([40] + [150] * 16, seed=5)
+    run(eng, prompts[0], "quiet")
+    for p in prompts[1:9]:
+        run(eng, p, "noisy")
+    held = eng.worker.call(lambda s: s.ledger.snapshot()["noisy"], timeout=30)
+    assert held["kv_tokens_held"] <= held["kv_quota_tokens"] and held["quota_waits"] == 0
+    now[0] += 3.0  # quiet has been idle for longer than the window
+    for p in prompts[9:]:
+        run(eng, p, "noisy")
+    held = eng.worker.call(lambda s: s.ledger.snapshot()["noisy"], timeout=30)
+    assert held["kv_tokens_held"] > held["kv_quota_tokens"]

@@ -212,12 +212,13 @@ class Scheduler(OutputMixin):
             self.chunked = None
         elif req in self.running:
             self.running.remove(req)
-        if reason == "stop":  # the client matched a stop string: a normal end, so a cache_control pin applies
+        if reason == "stop":  # the client matched a stop string: a normal end (a cache_control pin applies)
             req.finish_reason = {"type": "stop"}
+        else:
+            req.finish_reason = {"type": "abort", "message": reason}
+            if status_code is not None:
+                req.finish_reason["status_code"] = status_code
         self.kv.release(req)
-        req.finish_reason = {"type": "abort", "message": reason}
-        if status_code is not None:
-            req.finish_reason["status_code"] = status_code
         self.stats.on_finish(req)
         self._emit([req])
 
@@ -319,11 +320,15 @@ class Scheduler(OutputMixin):
             return batch  # no room: skip ordering (lpm probes the tree for every waiting request)
         headroom = self.kv.available() - self._reserved_decode()
         ordered = order_waiting(self.waiting, args.schedule_policy, self.tree)
+        caps: dict[str | None, int] | None = None
         if self.ledger is not None:
-            ordered.sort(key=self.ledger.admission_rank)  # stable: policy order within a priority
+            ordered = self.ledger.fair_order(ordered)
+            caps = self.ledger.prefill_caps(self.waiting, budget)
         for req in ordered:
             if len(self.running) + len(batch) >= args.max_running_requests or budget <= 0:
                 break
+            if caps is not None and caps[req.tenant] <= 0 and batch:
+                continue  # its tenant took its share of this round while another tenant waits
             if not self.kv.admit(req):
                 break
             extend = len(req.fill_ids) - req.kv_len
@@ -363,6 +368,8 @@ class Scheduler(OutputMixin):
             self.waiting.remove(req)
             batch.append(req)
             budget -= take
+            if caps is not None:
+                caps[req.tenant] -= take
             if take < extend:
                 break
         return batch

@@ -2,7 +2,8 @@
 whether a tenant's request may be admitted now (quota under contention).
 
 A tenant *holds* its cached tokens (its namespaces in the RadixCache) plus the slots its live requests
-own outside the tree. Under contention — another tenant has requests waiting or running — a request is
+own outside the tree. Under contention — another tenant has requests waiting or running, or had one within
+the last ``ACTIVE_WINDOW_S`` (between two turns of a chat) — a request is
 admitted only if its tenant stays within its ``kv_quota`` after the admission; first the tenant's own
 least recently used cached prefixes are evicted to make room (LRU inside the quota). Otherwise it waits
 in the queue (never fails for the quota). Alone on the server a tenant may use the whole pool.
@@ -11,6 +12,7 @@ in the queue (never fails for the quota). Alone on the server a tenant may use t
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +21,8 @@ from radixrt.mem_cache.radix_cache import RadixCache
 from radixrt.tenants import ADMIN_TENANT, TenantConfig
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.req import Req
+
+ACTIVE_WINDOW_S = 2.0  # a tenant with a request this recent still has work (quotas hold against others)
 
 
 @dataclass(slots=True)
@@ -40,6 +44,10 @@ class TenantLedger:
     kv: KVManager
     live: Callable[[], list[Req]]
     counters: dict[str, TenantCounters] = field(default_factory=dict)
+    # tenant -> monotonic time its last request arrived or finished: a tenant between the turns of a
+    # conversation (think time) still counts as having work for ACTIVE_WINDOW_S
+    last_active: dict[str | None, float] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         for t in self.config.tenants:
@@ -91,9 +99,39 @@ class TenantLedger:
         in_batch = sum(self.kv.owned_slots(r) + r.extend_len for r in batch if r.tenant == tenant)
         return self.tree.tenant_size(tenant) + self.running_tokens().get(tenant, 0) + in_batch
 
+    def share(self, tenant: str | None) -> float:
+        """The tenant's ``kv_quota``: its share of the pool, and of compute under contention (the admin: 1)."""
+        if tenant is None or tenant == ADMIN_TENANT:
+            return 1.0
+        return self.config.get(tenant).kv_quota
+
+    def fair_order(self, ordered: list[Req]) -> list[Req]:
+        """Waiting requests in admission order: higher tenant priority first, then the tenant that runs the
+        fewest requests for its share (so a flooding tenant's queue does not go ahead of a quiet tenant's
+        next turn), then ``ordered``'s own (policy) order."""
+        running = Counter(r.tenant for r in self.live())
+        rank = {id(r): i for i, r in enumerate(ordered)}
+        return sorted(
+            ordered,
+            key=lambda r: (self.admission_rank(r), running[r.tenant] / self.share(r.tenant), rank[id(r)]),
+        )
+
+    def prefill_caps(self, waiting: list[Req], budget: int) -> dict[str | None, int] | None:
+        """Per tenant, the most prefill tokens one round may take while several tenants wait: its share of
+        ``budget`` (short rounds for everyone's first token instead of one tenant's long prompts); None
+        when only one tenant waits."""
+        tenants = {r.tenant for r in waiting}
+        if len(tenants) < 2:
+            return None
+        return {t: max(1, math.ceil(self.share(t) * budget)) for t in tenants}
+
     def contended(self, tenant: str | None, waiting: list[Req]) -> bool:
-        """Whether another tenant has work (waiting or live requests)."""
-        return any(r.tenant != tenant for r in waiting) or any(r.tenant != tenant for r in self.live())
+        """Whether another tenant has work: waiting or live requests, or one that arrived or finished
+        within the last ACTIVE_WINDOW_S (an interactive tenant between turns keeps its share)."""
+        if any(r.tenant != tenant for r in waiting) or any(r.tenant != tenant for r in self.live()):
+            return True
+        since = self.clock() - ACTIVE_WINDOW_S
+        return any(t != tenant and at >= since for t, at in self.last_active.items())
 
     def may_admit(self, req: Req, need: int, waiting: list[Req], batch: list[Req]) -> bool:
         """True when ``req`` (already holding its cached prefix) may take ``need`` more slots now, next to
@@ -110,11 +148,13 @@ class TenantLedger:
 
     # -- reporting ---------------------------------------------------------------------------------
     def on_arrival(self, req: Req) -> None:
+        self.last_active[req.tenant] = self.clock()
         c = self.counters[req.tenant or ADMIN_TENANT]
         c.requests += 1
         c.prompt_tokens += len(req.origin_input_ids)
 
     def on_finish(self, req: Req) -> None:
+        self.last_active[req.tenant] = self.clock()
         c = self.counters[req.tenant or ADMIN_TENANT]
         c.cached_tokens += req.cached_tokens
         c.generated_tokens += len(req.output_ids)
