@@ -67,6 +67,8 @@ class Engine:
         stream: bool,
         rid: Any,
         cache_salt: Any,
+        priority: Any = None,
+        cache_control: Any = None,
     ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
@@ -79,6 +81,8 @@ class Engine:
             stream=stream,
             rid=rid,
             cache_salt=cache_salt,
+            priority=priority,
+            cache_control=cache_control,
         )
 
     def generate(
@@ -93,8 +97,11 @@ class Engine:
         stream: bool = False,
         rid: Any = None,
         cache_salt: Any = None,
+        priority: int | list[int] | None = None,
+        cache_control: dict[str, Any] | list[dict[str, Any]] | None = None,
     ) -> Any:
-        """Generate for one prompt (a dict), a batch (a list of dicts) or, with ``stream``, an iterator."""
+        """Generate for one prompt (a dict), a batch (a list of dicts) or, with ``stream``, an iterator.
+        ``priority`` and ``cache_control`` (a TTL pin) are the server's retention fields."""
         obj = self._request(
             prompt,
             sampling_params,
@@ -106,6 +113,8 @@ class Engine:
             stream,
             rid,
             cache_salt,
+            priority,
+            cache_control,
         )
         if stream:
             return self._sync_stream(obj)
@@ -124,6 +133,8 @@ class Engine:
         stream: bool = False,
         rid: Any = None,
         cache_salt: Any = None,
+        priority: int | list[int] | None = None,
+        cache_control: dict[str, Any] | list[dict[str, Any]] | None = None,
     ) -> Any:
         """Awaitable twin of ``generate``; with ``stream`` it returns an async iterator."""
         obj = self._request(
@@ -137,6 +148,8 @@ class Engine:
             stream,
             rid,
             cache_salt,
+            priority,
+            cache_control,
         )
         if stream:
             return self.tokenizer_manager.generate(obj)

@@ -468,3 +468,21 @@ def test_server_ttl_expiry_bad_fields_and_tenant_keys(pin_server: ServerProcess)
     ]:
         r = httpx.request(method, srv.url + route, json={"text": "x"}, headers=auth(KEYS["alpha"]))
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_key_required", (route, r.text)
+
+
+def test_engine_takes_priority_and_cache_control(tiny_llama: Path, engine_factory) -> None:  # type: ignore[no-untyped-def]
+    """The in-process Engine carries both retention fields (so frontend_lang's EngineBackend sends its
+    priorities): a pin is reported, the bad values are ValueErrors naming the field."""
+    from frontend_lang.backends.engine import EngineBackend
+
+    eng = engine_factory(tiny_llama, max_total_tokens=1024, radix_eviction_policy="priority")
+    params = {"temperature": 0, "max_new_tokens": 2}
+    out = eng.generate(input_ids=list(range(5, 45)), sampling_params=params, priority=3,
+                       cache_control={"type": "ephemeral", "ttl": 60})  # fmt: skip
+    assert out["meta_info"]["pinned_tokens"] >= 40
+    with pytest.raises(ValueError, match="priority"):
+        eng.generate(input_ids=[5, 6], sampling_params=params, priority="high")
+    with pytest.raises(ValueError, match="cache_control"):
+        eng.generate(input_ids=[5, 6], sampling_params=params, cache_control={"type": "forever"})
+    assert EngineBackend(eng).retention is True
+    assert eng.flush_cache()  # drops the pin: the engine is idle with nothing pinned at teardown
