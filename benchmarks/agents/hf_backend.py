@@ -20,6 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from frontend_lang import BaseBackend
 from frontend_lang.backends.base import PromptContext, validate_choices
+from frontend_lang.backends.native import shared_prefix_len
 from frontend_lang.chat_template import template_for_tokenizer
 from frontend_lang.choices import ChoiceScores, ChoicesDecision, ChoicesMethod
 from frontend_lang.ir import GenParams
@@ -40,15 +41,6 @@ class _FirstToken(BaseStreamer):
 
     def end(self) -> None:
         pass
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class HFBackend(BaseBackend):
@@ -109,7 +101,7 @@ class HFBackend(BaseBackend):
         with self._lock:
             prefix = self._encode(ctx.text)
             full = [self._encode(ctx.text + c) for c in choices]
-            boundary = min(min(_lcp(prefix, f) for f in full), min(len(f) for f in full) - 1)
+            boundary = min(min(shared_prefix_len(prefix, f) for f in full), min(len(f) for f in full) - 1)
             if boundary < 1:
                 raise ValueError("select: needs at least one token of text before the choices")
             cond = [self._logprobs(f, boundary) for f in full]

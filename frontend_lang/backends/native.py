@@ -28,7 +28,8 @@ def check_result(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
+def shared_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -159,7 +160,7 @@ class NativeBackend(BaseBackend):
         full = [self._encode(text + c) for c in choices]
         # NOTE: BPE may merge the end of the prefix with a choice; then the boundary moves left and
         # those re-tokenized prefix tokens are scored too (the same text for every choice).
-        boundary = min(min(_lcp(prefix, f) for f in full), min(len(f) for f in full) - 1)
+        boundary = min(min(shared_prefix_len(prefix, f) for f in full), min(len(f) for f in full) - 1)
         if boundary < 1:
             raise ValueError("select: needs at least one token of text before the choices")
         ids, starts = list(full), [boundary] * len(full)

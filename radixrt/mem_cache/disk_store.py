@@ -225,14 +225,7 @@ class DiskStore:
             tensors = safetensors.torch.load(data)
         except Exception as exc:  # noqa: BLE001 - any parse failure means: not servable
             return None, f"not a valid safetensors file ({type(exc).__name__}: {exc})"
-        expected = {
-            "format": FORMAT,
-            "identity": self.identity,
-            "namespace": namespace,
-            "key": key,
-            "chunk": str(chunk),
-            "tokens": str(self.chunk_tokens),
-        }
+        expected = self._meta(key, chunk, namespace)
         for field, want in expected.items():
             if meta.get(field) != want:
                 return None, f"{field} {meta.get(field)!r} is not {want!r} (a foreign or misplaced file)"
@@ -288,16 +281,19 @@ class DiskStore:
                 self.path(old).unlink(missing_ok=True)
             self._queue.task_done()
 
-    def _write(self, key: str, chunk: int, namespace: str, k: torch.Tensor, v: torch.Tensor) -> int:
-        meta = {
+    def _meta(self, key: str, chunk: int, namespace: str) -> dict[str, str]:
+        """A chunk file's identity fields (the safetensors metadata), checked on every read."""
+        return {
             "format": FORMAT,
             "identity": self.identity,
             "namespace": namespace,
             "key": key,
             "chunk": str(chunk),
             "tokens": str(self.chunk_tokens),
-            "checksum": _checksum(k, v),
         }
+
+    def _write(self, key: str, chunk: int, namespace: str, k: torch.Tensor, v: torch.Tensor) -> int:
+        meta = {**self._meta(key, chunk, namespace), "checksum": _checksum(k, v)}
         data = safetensors.torch.save({"k": k.contiguous(), "v": v.contiguous()}, metadata=meta)
         tmp = self.dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
