@@ -30,7 +30,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.cpu_systems import HFSystem, LlamaCppSystem, RadixSystem, System
-from radixrt.cache import cache_dir
+from radixrt.config.cache_dir import cache_dir
 
 RADIX_MODES: dict[str, dict[str, Any]] = {
     "radixrt bf16 eager": {"dtype": "bfloat16", "quantization": "none", "disable_compile": True},

@@ -67,7 +67,7 @@ class RadixSystem:
     def bare_loop_tok_s(self, batch: int, context: int, steps: int) -> float:
         """The model alone: ``steps`` decode forwards + logits + argmax on fixed metadata, on the scheduler
         thread (where the Engine runs it), no scheduling, sampling or output."""
-        from kernels.base import ForwardMode
+        from radixrt.kernels.base import ForwardMode
         from radixrt.worker.model_runner import ForwardInput
 
         def loop(sched: Any) -> float:

@@ -57,8 +57,8 @@ from benchmarks.common import (
     update_readme_section,
     write_json,
 )
-from kernels.base import ForwardMode
 from radixrt import Engine
+from radixrt.kernels.base import ForwardMode
 from radixrt.worker.model_runner import ForwardInput
 from radixrt.worker.scheduler import Scheduler
 

@@ -57,7 +57,7 @@ from benchmarks.prefix_workloads import (
 )
 from radixrt import Engine
 from radixrt.mem_cache.kv_pool import KVPool
-from radixrt.tokenizer import load_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
 
 COUNTERS = (
     "prompt_tokens",

@@ -50,8 +50,8 @@ from benchmarks.prefix_workloads import (
 )
 from benchmarks.radix_micro import bench_match_insert
 from radixrt import Engine
-from radixrt.server_args import SCHEDULE_POLICIES
-from radixrt.tokenizer import load_tokenizer
+from radixrt.config.server_args import SCHEDULE_POLICIES
+from radixrt.models.tokenizer import load_tokenizer
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "react" / "hotpotqa_100.jsonl"
 COUNTERS = (

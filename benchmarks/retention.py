@@ -124,7 +124,7 @@ def build_workloads(data: Path, names: list[str], quick: bool) -> dict[str, tupl
 
 def tiny_model() -> Path:
     """The tiny random Llama (BPE tokenizer, ChatML template) the benchmark runs by default."""
-    from radixrt.cache import cache_dir
+    from radixrt.config.cache_dir import cache_dir
     from radixrt.testing.random_checkpoint import make_checkpoint
 
     out = cache_dir() / "retention_tiny_llama"

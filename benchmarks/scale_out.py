@@ -56,7 +56,7 @@ from benchmarks.common import (
 )
 from benchmarks.prefix_workloads import optimum
 from benchmarks.serving_workload import Outcome, summarize
-from radixrt.tokenizer import load_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
 
 THROUGHPUT_CAVEAT = (
     "2-core machine: the four DP servers, the router and the client share two cores, so DP throughput and "
@@ -142,11 +142,11 @@ def _ready(url: str, servers: list[str], dp: bool) -> bool:
 def deploy(
     setup: Setup, model: Path, kv_tokens: int, log: Path, timing: dict[str, float]
 ) -> Iterator[tuple[str, list[str]]]:
-    """Start the setup (one ``radixrt.launch_server`` command); yields (front URL, server URLs).
+    """Start the setup (one ``radixrt.entrypoints.launch_server`` command); yields (front URL, server URLs).
     ``timing`` receives the seconds to ready and to stop."""
     base = _port_run(setup.dp_size + 2)  # router (or the server), DP servers, router metrics
     per_server = kv_tokens // setup.dp_size
-    cmd = [sys.executable, "-m", "radixrt.launch_server", "--model-path", str(model), "--port", str(base),
+    cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--model-path", str(model), "--port", str(base),
            "--max-total-tokens", str(per_server), "--disable-compile", "--dtype", "float32"]  # fmt: skip
     ports = [base]
     if setup.dp_size > 1:

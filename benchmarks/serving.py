@@ -148,7 +148,7 @@ def launch(
     model: Path, server_args: list[str], log: Path, threads: int
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "radixrt.launch_server", "--model-path", str(model), "--port", str(port),
+    cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--model-path", str(model), "--port", str(port),
            "--log-level", "warning", *server_args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # the worker process's torch threads
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
@@ -248,7 +248,7 @@ def cpu_seconds(pid: int | None = None) -> float:
 
 def _engine_kwargs(server_args: list[str]) -> dict[str, Any]:
     """The Engine twin of ``--server-args`` (parsed with the server's own CLI)."""
-    from radixrt.server_args import ServerArgs
+    from radixrt.config.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)

@@ -1,7 +1,7 @@
 """Overload soak (issue 13): mixed tenants, a noisy tenant flooding, random disconnects, one worker kill.
 
 ``python -m benchmarks.soak [--duration 600] [--readme]`` runs four phases against a real server
-(``radixrt.launch_server`` on the tiny random-weight model, a small KV pool, ``--max-queued-requests``,
+(``radixrt.entrypoints.launch_server`` on the tiny random-weight model, a small KV pool, ``--max-queued-requests``,
 ``--request-timeout``, ``--tenants``), each for a quarter of ``--duration``:
 
 - ``baseline``: the quiet tenants alone (multi-turn chat, a system prompt per tenant);
@@ -106,7 +106,7 @@ def tenants_file(path: Path, quotas: bool) -> Path:
 def serve(model: Path, ns: argparse.Namespace, tenants: Path, log: Path) -> Iterator[str]:
     """A server with the soak's settings; yields its URL, stops it with SIGTERM."""
     port = _port_run(1)
-    cmd = [sys.executable, "-m", "radixrt.launch_server", "--model-path", str(model), "--port", str(port),
+    cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--model-path", str(model), "--port", str(port),
            "--max-total-tokens", str(ns.kv_tokens), "--max-queued-requests", str(ns.max_queued),
            "--request-timeout", str(ns.request_timeout), "--tenants", str(tenants),
            "--disable-compile", "--dtype", "float32", "--log-level", "warning"]  # fmt: skip

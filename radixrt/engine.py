@@ -12,14 +12,15 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
-from radixrt.io_struct import GenerateReqInput
+from radixrt.config.server_args import ServerArgs
 from radixrt.models.config import ModelConfig
 from radixrt.models.resolve import resolve_model
-from radixrt.protocol import FlushCacheReq, GetStatsReq
-from radixrt.server_args import ServerArgs
-from radixrt.tokenizer import eos_token_ids, load_tokenizer
-from radixrt.tokenizer_manager import TokenizerManager, WorkerDeadError
-from radixrt.worker.inprocess import InProcessWorker
+from radixrt.models.tokenizer import eos_token_ids, load_tokenizer
+from radixrt.server.io_struct import GenerateReqInput
+from radixrt.server.tokenizer_manager import TokenizerManager
+from radixrt.transport.client import WorkerDeadError
+from radixrt.transport.inprocess import InProcessWorker
+from radixrt.transport.protocol import FlushCacheReq, GetStatsReq
 
 
 class Engine:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The project's test command (README, CI): install, lint, format check, type check, then the test suite.
+# The project's test command (README, CI): install (the active virtual environment, else .venv), lint,
+# format check, type check, then the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install.sh
+source scripts/install.sh --test
 ruff check .
 ruff format --check .
 mypy

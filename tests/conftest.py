@@ -1,7 +1,7 @@
 """Shared fixtures: small random-weight checkpoints (built once per session, in seconds).
 
 Every checkpoint comes from `make_checkpoint`, so HF transformers can load it as the oracle. Load their
-tokenizers only through `tokenizer_for` (i.e. `radixrt.tokenizer.load_tokenizer`) so ids agree with the
+tokenizers only through `tokenizer_for` (i.e. `radixrt.models.tokenizer.load_tokenizer`) so ids agree with the
 runtime's.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from radixrt.models.tokenizer import load_tokenizer
 from radixrt.testing.random_checkpoint import make_checkpoint
-from radixrt.tokenizer import load_tokenizer
 
 # Engine fixtures (engine_factory, ...) live in their own module; registering them here makes them global.
 pytest_plugins = ["tests.engine_fixtures"]

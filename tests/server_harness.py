@@ -1,4 +1,4 @@
-"""Server processes for the tests: launch ``python -m radixrt.launch_server`` on a free port, wait
+"""Server processes for the tests: launch ``python -m radixrt.entrypoints.launch_server`` on a free port, wait
 until /health answers, stop it with a signal; plus the idle / KV-invariant check over HTTP."""
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = log
-        entry = ["-m", "radixrt.cli", "serve"] if cli else ["-m", "radixrt.launch_server"]
+        entry = (
+            ["-m", "radixrt.entrypoints.cli", "serve"] if cli else ["-m", "radixrt.entrypoints.launch_server"]
+        )
         cmd = [sys.executable, *entry, "--model-path", str(model), "--port", str(self.port), *extra]
         if "--dtype" not in extra:
             cmd += ["--dtype", "float32"]  # the HF-parity oracles are exact in fp32 (auto picks bf16 here)

@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerProcess, wait_idle
 
-from radixrt.http.chat_prompt import encode_chat
-from radixrt.tokenizer import load_tokenizer
-from radixrt.tokenizer_manager import MAX_N
+from radixrt.models.tokenizer import load_tokenizer
+from radixrt.server.http.chat_prompt import encode_chat
+from radixrt.server.tokenizer_manager import MAX_N
 
 pytest_plugins = ["server_fixtures"]
 

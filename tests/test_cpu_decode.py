@@ -1,4 +1,4 @@
-"""The CPU paged decode kernel (kernels/cpu_decode.py) against SDPA over gathered K/V.
+"""The CPU paged decode kernel (radixrt/kernels/cpu_decode.py) against SDPA over gathered K/V.
 
 The reference gathers each request's K/V rows through its slots, widens them to float32 and runs
 ``F.scaled_dot_product_attention``; bf16 outputs must equal that float32 result rounded to bf16 (up to
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_decode
+from radixrt.kernels import cpu_decode
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None, reason="gcc not found on PATH: the CPU decode kernel is compiled with it"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.base import get_backend_class
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
+from radixrt.kernels.base import get_backend_class
 from radixrt.worker.cuda_graph_runner import CudaGraphRunner
 from radixrt.worker.device import kv_budget_bytes, resolve_attention_backend, resolve_device, resolve_dtype
 from tests.engine_fixtures import prompts_of

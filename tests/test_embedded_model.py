@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from radixrt.models.embedded import INSTALL_HINT, embedded_gguf_path
 from radixrt.models.resolve import resolve_model
-from radixrt.tokenizer import load_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
 from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow

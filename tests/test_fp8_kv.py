@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.base import ForwardMode
-from kernels.torch_native import TorchNativeBackend
+from radixrt.kernels.base import ForwardMode
+from radixrt.kernels.torch_native import TorchNativeBackend
 from radixrt.mem_cache.kv_pool import (
     FP8_DTYPES,
     KVPool,

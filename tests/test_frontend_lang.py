@@ -12,8 +12,8 @@ from frontend_util import FakeBackend
 
 import frontend_lang as sgl
 from frontend_lang.chat_template import NAMED_TEMPLATES, template_for_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
 from radixrt.testing.random_checkpoint import CHATML_TEMPLATE, qwen_tokenizer_dir
-from radixrt.tokenizer import load_tokenizer
 
 pytest_plugins = ["frontend_fixtures"]
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from radixrt.cache import build_dir_once
+from radixrt.config.cache_dir import build_dir_once
 from radixrt.models import embedded, gguf
 from radixrt.models.config import ModelConfig
 from radixrt.models.resolve import resolve_model
+from radixrt.models.tokenizer import load_tokenizer
 from radixrt.testing.gguf_writer import write_gguf
 from radixrt.testing.random_checkpoint import make_checkpoint
-from radixrt.tokenizer import load_tokenizer
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy, hf_model
 

@@ -34,7 +34,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 def test_flashinfer_matches_torch_native(
     mode: str, page_size: int, H: int, KVH: int, window: int | None
 ) -> None:
-    from kernels.flashinfer_backend import FlashInferBackend
+    from radixrt.kernels.flashinfer_backend import FlashInferBackend
     from tests.test_triton_kernels import BF16_TOL, DECODE_BATCH, EXTEND_BATCH, Case
 
     batch = EXTEND_BATCH if mode == "extend" else DECODE_BATCH

@@ -16,7 +16,7 @@ import xgrammar as xgr
 
 from radixrt.constrained.cache import GrammarCache, GrammarKey, entry_bytes
 from radixrt.constrained.grammar import GrammarBackend, GrammarBusy, GrammarError, GrammarLimits, GrammarState
-from radixrt.tokenizer_manager import RequestFailedError
+from radixrt.server.tokenizer_manager import RequestFailedError
 
 # Bounded strings everywhere xgrammar puts them: a property, a nested object, array items, anyOf, a
 # type list, and minLength alone.

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_harness import ServerProcess, wait_idle
 
-from radixrt.http.limits import MAX_JSON_DEPTH, json_depth
-from radixrt.prompt_bound import max_token_bytes
-from radixrt.tokenizer import load_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
+from radixrt.server.http.limits import MAX_JSON_DEPTH, json_depth
+from radixrt.server.prompt_bound import max_token_bytes
 
 pytest_plugins = ["server_fixtures"]
 

@@ -226,7 +226,7 @@ def test_node_evicted_to_host_is_loaded_back_bitwise(tiny_llama: Path, engine_fa
     # /metrics exposes the split and the tier counters, from the same worker stats
     from prometheus_client.parser import text_string_to_metric_families
 
-    from radixrt.http.metrics import ServerMetrics
+    from radixrt.server.http.metrics import ServerMetrics
 
     samples = {
         (s.name, s.labels.get("tier")): s.value

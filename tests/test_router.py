@@ -20,8 +20,8 @@ import httpx
 import pytest
 from server_harness import ServerProcess, free_port, wait_idle
 
-from radixrt.launch_server import dp_server_flags
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
+from radixrt.entrypoints.launch_server import dp_server_flags
 
 pytest_plugins = ["server_fixtures"]
 pytestmark = pytest.mark.skipif(
@@ -236,7 +236,7 @@ def test_dp_size_launch_stops_all_when_one_server_dies(server_model: Path, tmp_p
         servers = [
             pid
             for pid in _children(srv.proc.pid)
-            if "radixrt.launch_server" in Path(f"/proc/{pid}/cmdline").read_text()
+            if "radixrt.entrypoints.launch_server" in Path(f"/proc/{pid}/cmdline").read_text()
         ]
         assert len(servers) == 2
         os.kill(servers[0], signal.SIGKILL)

@@ -9,9 +9,9 @@ import pytest
 
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.radix_cache import RadixCache
-from radixrt.protocol import TokenizedGenerateReq
 from radixrt.sampling.sampling_params import SamplingParams
-from radixrt.tokenizer_manager import WorkerDeadError
+from radixrt.transport.client import WorkerDeadError
+from radixrt.transport.protocol import TokenizedGenerateReq
 from radixrt.worker.req import Req
 from radixrt.worker.schedule_policy import order_waiting, shared_uncached_prefix
 from tests.engine_fixtures import make_engine

@@ -22,9 +22,9 @@ import httpx
 import pytest
 from server_harness import ServerProcess, wait_idle
 
-from radixrt.http.openai_protocol import ChatCompletionRequest, CompletionRequest
-from radixrt.http.sglang_compat import CHAT_FIELDS, COMPLETION_FIELDS, GENERATE_FIELDS
-from radixrt.io_struct import GenerateReqInput
+from radixrt.server.http.openai_protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.http.sglang_compat import CHAT_FIELDS, COMPLETION_FIELDS, GENERATE_FIELDS
+from radixrt.server.io_struct import GenerateReqInput
 
 pytest_plugins = ["server_fixtures"]
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from radixrt import Engine
+from radixrt.config.server_args import ServerArgs
 from radixrt.sampling.sampling_batch import SamplingBatchInfo
 from radixrt.sampling.sampling_params import SamplingParams
-from radixrt.server_args import ServerArgs
 from radixrt.speculative.ngram import NgramIndex, propose_naive
 from radixrt.speculative.verify import verify
 from radixrt.speculative.worker import NgramSpeculator

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from server_harness import ServerProcess, pid_alive, wait_idle, wait_until
 
-from radixrt.launch_server import resolve_api_key
-from radixrt.server_args import ServerArgs
-from radixrt.zmq_client import remove_stale_ipc_dirs
+from radixrt.config.server_args import ServerArgs
+from radixrt.entrypoints.launch_server import resolve_api_key
+from radixrt.transport.zmq_client import remove_stale_ipc_dirs
 
 pytest_plugins = ["server_fixtures"]
 
@@ -131,7 +131,7 @@ def test_kill_restart_then_give_up(server_model: Path, tmp_path: Path) -> None:
 
 def test_stale_socket_dirs(tmp_path: Path) -> None:
     """A server killed by SIGKILL leaves its socket dir; only dirs whose owner is gone are removed."""
-    code = "from radixrt.zmq_client import make_ipc_dir; import time; print(make_ipc_dir(), flush=True); time.sleep(60)"
+    code = "from radixrt.transport.zmq_client import make_ipc_dir; import time; print(make_ipc_dir(), flush=True); time.sleep(60)"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True)
     assert proc.stdout is not None

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixrt.io_struct import GenerateReqInput
-from radixrt.tenants import TenantConfig, namespace
+from radixrt.config.tenants import TenantConfig, namespace
+from radixrt.server.io_struct import GenerateReqInput
 from tests.engine_fixtures import prompts_of
 
 ONE = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
@@ -153,7 +153,7 @@ def test_a_flooding_tenant_meets_429_within_its_queue_share(
 ) -> None:
     """Queue bound 4, one running request: noisy (kv_quota 0.25) may have 1 request waiting, quiet (0.75) 3.
     Noisy's burst is refused with 429 beyond its share while quiet's requests, sent after it, all get in."""
-    from radixrt.tokenizer_manager import RequestFailedError
+    from radixrt.server.tokenizer_manager import RequestFailedError
 
     cfg = tenants_file(tmp_path, [{"name": "quiet", "api_keys": ["q"], "kv_quota": 0.75},
                                   {"name": "noisy", "api_keys": ["n"], "kv_quota": 0.25}])  # fmt: skip

@@ -20,11 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerProcess, wait_idle
 
-from radixrt.http.context import ServerContext
-from radixrt.http.metrics import TENANT_SERIES
-from radixrt.http.tenants import report_cached
-from radixrt.server_args import ServerArgs
-from radixrt.tenants import ADMIN_TENANT, namespace
+from radixrt.config.server_args import ServerArgs
+from radixrt.config.tenants import ADMIN_TENANT, namespace
+from radixrt.server.http.context import ServerContext
+from radixrt.server.http.metrics import TENANT_SERIES
+from radixrt.server.http.tenants import report_cached
 
 pytest_plugins = ["server_fixtures"]
 

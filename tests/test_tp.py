@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from server_harness import REPO, ServerProcess, free_port
 
-from radixrt.launch_server import check_launch_args, main
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
+from radixrt.entrypoints.launch_server import check_launch_args, main
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
 
@@ -30,7 +30,7 @@ def _tp_flags(port: int, node_rank: int) -> list[str]:
 
 
 def _start_node(model: Path, log: Path, port: int, node_rank: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--model-path", str(model)]
+    cmd = [sys.executable, "-m", "radixrt.entrypoints.cli", "serve", "--model-path", str(model)]
     cmd += _tp_flags(port, node_rank)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with log.open("wb") as f:

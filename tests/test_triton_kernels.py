@@ -1,4 +1,4 @@
-"""The Triton attention backend (kernels/triton_backend.py, kernels/triton/) against torch_native.
+"""The Triton attention backend (radixrt/kernels/triton_backend.py, radixrt/kernels/triton/) against torch_native.
 
 Without CUDA the kernels run on CPU tensors under Triton's interpreter, which Triton picks when a
 function is decorated with ``@triton.jit`` -- its own library (``tl.zeros``, ``tl.max``) included, at
@@ -34,10 +34,10 @@ if DEVICE.type == "cpu" and "triton" not in sys.modules:
 IN_PROCESS = DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 pytest.importorskip("triton")
 
-import kernels.triton_backend  # noqa: E402
-from kernels.base import AttentionMetadata, ForwardMode, get_backend_class  # noqa: E402
-from kernels.torch_native import TorchNativeBackend  # noqa: E402
-from kernels.triton import KVIndex, alloc_decode_workspace, decode_attention_fwd, extend_attention_fwd  # noqa: E402
+from radixrt.kernels import triton_backend  # noqa: E402
+from radixrt.kernels.base import AttentionMetadata, ForwardMode, get_backend_class  # noqa: E402
+from radixrt.kernels.torch_native import TorchNativeBackend  # noqa: E402
+from radixrt.kernels.triton import KVIndex, alloc_decode_workspace, decode_attention_fwd, extend_attention_fwd  # noqa: E402
 from radixrt.mem_cache.kv_pool import KVPool  # noqa: E402
 from radixrt.worker.model_runner import ForwardInput, ModelRunner  # noqa: E402
 
@@ -135,7 +135,7 @@ def triton_kw(**kw: object) -> dict[str, Any]:
 
 def check(case: Case, window: int | None, **kw: object) -> torch.Tensor:
     """Run Triton against the reference; returns the Triton output."""
-    out, pool = case.run(kernels.triton_backend.TritonBackend, window, **triton_kw(**kw))
+    out, pool = case.run(triton_backend.TritonBackend, window, **triton_kw(**kw))
     ref, ref_pool = case.reference(window)
     assert out.shape == ref.shape and out.dtype == case.dtype
     tol = F32_TOL if case.dtype == torch.float32 else BF16_TOL
@@ -266,7 +266,9 @@ def test_bad_arguments_raise_value_error() -> None:
 
 def test_missing_triton_is_a_clear_registry_error(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(sys.modules):
-        if name in ("kernels.triton", "kernels.triton_backend") or name.startswith("kernels.triton."):
+        if name in ("radixrt.kernels.triton", "radixrt.kernels.triton_backend") or name.startswith(
+            "radixrt.kernels.triton."
+        ):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
     with pytest.raises(ValueError, match=r"attention_backend 'triton' is not available here: .*triton"):
@@ -274,8 +276,8 @@ def test_missing_triton_is_a_clear_registry_error(monkeypatch: pytest.MonkeyPatc
 
 
 def test_registry_finds_the_backend_and_base_does_not_import_triton() -> None:
-    assert get_backend_class("triton") is kernels.triton_backend.TritonBackend
-    code = "import sys, kernels.base, kernels.torch_native; assert 'triton' not in sys.modules, 'triton'"
+    assert get_backend_class("triton") is triton_backend.TritonBackend
+    code = "import sys, radixrt.kernels.base, radixrt.kernels.torch_native; assert 'triton' not in sys.modules, 'triton'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

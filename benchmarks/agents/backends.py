@@ -26,7 +26,7 @@ from benchmarks.agents.completions import CompletionsBackend
 from benchmarks.agents.servers import ServerProcess, free_port, tree_cpu_seconds
 from frontend_lang import BaseBackend, EngineBackend, RuntimeEndpoint
 from frontend_lang.chat_template import template_for_tokenizer
-from radixrt.tokenizer import load_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
 
 ALL_BACKENDS = ("radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "llama.cpp", "hf")
 SERVER_FLAGS = {
@@ -104,7 +104,7 @@ class RadixSide(Side):
         cls, name: str, model_path: str | None, kv_tokens: int, flags: list[str], log_dir: Path
     ) -> RadixSide:
         port = free_port()
-        cmd = [sys.executable, "-m", "radixrt.launch_server", "--port", str(port), "--max-total-tokens",
+        cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--port", str(port), "--max-total-tokens",
                str(kv_tokens), "--log-level", "warning", *flags]  # fmt: skip
         if model_path:
             cmd += ["--model-path", model_path]

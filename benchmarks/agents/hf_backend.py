@@ -24,7 +24,7 @@ from frontend_lang.backends.native import shared_prefix_len
 from frontend_lang.chat_template import template_for_tokenizer
 from frontend_lang.choices import ChoiceScores, ChoicesDecision, ChoicesMethod
 from frontend_lang.ir import GenParams
-from radixrt.tokenizer import load_tokenizer
+from radixrt.models.tokenizer import load_tokenizer
 
 
 class _FirstToken(BaseStreamer):

@@ -29,7 +29,7 @@ class EngineBackend(NativeBackend):
         **engine_kwargs: Any,
     ) -> None:
         from radixrt.engine import Engine
-        from radixrt.tokenizer import load_tokenizer
+        from radixrt.models.tokenizer import load_tokenizer
 
         if engine is not None and engine_kwargs:
             raise ValueError("EngineBackend: give an engine or Engine keyword arguments, not both")

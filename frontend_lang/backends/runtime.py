@@ -1,4 +1,4 @@
-"""Runtime: launch ``python -m radixrt.launch_server`` as a subprocess and talk to it over HTTP."""
+"""Runtime: launch ``python -m radixrt.entrypoints.launch_server`` as a subprocess and talk to it over HTTP."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def _server_env() -> dict[str, str]:
 
 def server_command(model_path: str | None, host: str, port: int, server_args: dict[str, Any]) -> list[str]:
     """The launch command: every keyword becomes ``--flag-name value`` (True: bare flag; False/None:
-    omitted), as ``radixrt.server_args`` defines the flags."""
-    cmd = [sys.executable, "-m", "radixrt.launch_server", "--host", host, "--port", str(port)]
+    omitted), as ``radixrt.config.server_args`` defines the flags."""
+    cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--host", host, "--port", str(port)]
     if model_path is not None:
         cmd += ["--model-path", str(model_path)]
     for key, value in server_args.items():

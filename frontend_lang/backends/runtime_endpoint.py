@@ -55,7 +55,7 @@ class RuntimeEndpoint(NativeBackend):
         path = str(self.model_info.get("tokenizer_path") or self.model_info.get("model_path") or "")
         self.tokenizer = None
         if load_tokenizer and path and (Path(path) / "tokenizer.json").is_file():
-            from radixrt.tokenizer import load_tokenizer as load
+            from radixrt.models.tokenizer import load_tokenizer as load
 
             self.tokenizer = load(path)
         self.chat_template = template_for_tokenizer(self.tokenizer, path, chat_template)

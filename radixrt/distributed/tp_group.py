@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 INIT_TIMEOUT = timedelta(minutes=5)

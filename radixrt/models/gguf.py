@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixrt.cache import build_dir_once, cache_dir
+from radixrt.config.cache_dir import build_dir_once, cache_dir
 
 # GGUF `general.architecture` -> what transformers calls it (`model_type`) may differ (a Llama-architecture
 # file named "mistral" becomes Mistral); the HF class radixrt builds per model_type:

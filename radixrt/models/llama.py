@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.base import AttentionBackend, AttentionMetadata
+from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.models.config import ModelConfig
 from radixrt.models.rope import RotaryEmbedding
 

@@ -13,7 +13,7 @@ one token per step, inside the same verify forwards); see ``worker`` for the res
 
 from __future__ import annotations
 
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
 from radixrt.speculative.ngram import NgramIndex
 from radixrt.speculative.worker import NgramSpeculator
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.base import ForwardMode
-from radixrt.server_args import ServerArgs
+from radixrt.config.server_args import ServerArgs
+from radixrt.kernels.base import ForwardMode
 from radixrt.speculative.ngram import NgramIndex
 from radixrt.speculative.verify import verify, verify_info
 from radixrt.worker.kv_manager import KVManager

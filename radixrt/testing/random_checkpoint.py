@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from radixrt.cache import cache_dir
+from radixrt.config.cache_dir import cache_dir
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from kernels.base import AttentionBackend, AttentionMetadata, ForwardMode
+from radixrt.kernels.base import AttentionBackend, AttentionMetadata, ForwardMode
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.worker.graph_runner import compile_buckets
 

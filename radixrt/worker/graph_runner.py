@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from kernels.base import AttentionBackend, AttentionMetadata
+from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.rope import RotaryEmbedding
 

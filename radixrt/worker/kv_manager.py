@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixrt.config.server_args import ServerArgs
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.hiradix_cache import HiRadixCache
 from radixrt.mem_cache.radix_cache import MatchResult, RadixCache
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
-from radixrt.protocol import DropPinsReq, ListPinsReq, PinInfo, StatsOut
-from radixrt.server_args import ServerArgs
+from radixrt.transport.protocol import DropPinsReq, ListPinsReq, PinInfo, StatsOut
 from radixrt.worker.req import Req
 
 if TYPE_CHECKING:

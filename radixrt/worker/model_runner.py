@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from kernels.base import AttentionMetadata, ForwardMode, get_backend_class
+from radixrt.config.server_args import ServerArgs
 from radixrt.distributed.tensor_parallel import check_divisible, shard_model
 from radixrt.distributed.tp_group import TPGroup, init_group, ranks_of_node
+from radixrt.kernels.base import AttentionMetadata, ForwardMode, get_backend_class
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.kv_pool import KVPool, is_fp8, kv_storage_dtype
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
@@ -19,7 +20,6 @@ from radixrt.models.config import ModelConfig, cpu_has_native_bf16
 from radixrt.models.gguf import gguf_source
 from radixrt.models.loader import load_model
 from radixrt.models.quantize import apply_quantization, resolve_quantization
-from radixrt.server_args import ServerArgs
 from radixrt.worker.cuda_graph_runner import CudaGraphRunner
 from radixrt.worker.device import kv_budget_bytes, resolve_attention_backend, resolve_device, resolve_dtype
 from radixrt.worker.graph_runner import DecodeGraphRunner

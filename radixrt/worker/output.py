@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixrt.protocol import BatchTokenOut, ReqOut, WorkerOutput
+from radixrt.config.server_args import ServerArgs
 from radixrt.sampling.logprobs import compute_logprobs
 from radixrt.sampling.sampler import sample
 from radixrt.sampling.sampling_batch import SamplingBatchInfo
-from radixrt.server_args import ServerArgs
+from radixrt.transport.protocol import BatchTokenOut, ReqOut, WorkerOutput
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.req import Req
 from radixrt.worker.stats import SchedulerStats

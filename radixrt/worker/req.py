@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixrt.protocol import TokenizedGenerateReq
-from radixrt.tenants import namespace
+from radixrt.config.tenants import namespace
+from radixrt.transport.protocol import TokenizedGenerateReq
 
 
 class Req:

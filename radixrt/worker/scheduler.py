@@ -13,7 +13,8 @@ from typing import Protocol
 
 import torch
 
-from kernels.base import ForwardMode
+from radixrt.config.server_args import ServerArgs
+from radixrt.config.tenants import TenantConfig
 from radixrt.constrained.grammar import (
     DEFAULT_CLIENT,
     GrammarBackend,
@@ -22,7 +23,8 @@ from radixrt.constrained.grammar import (
     GrammarLimits,
     grammar_key,
 )
-from radixrt.protocol import (
+from radixrt.kernels.base import ForwardMode
+from radixrt.transport.protocol import (
     AbortReq,
     BatchTokenOut,
     DropPinsReq,
@@ -35,8 +37,6 @@ from radixrt.protocol import (
     WorkerInput,
     WorkerOutput,
 )
-from radixrt.server_args import ServerArgs
-from radixrt.tenants import TenantConfig
 from radixrt.worker.kv_manager import KVManager, build_tree
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.output import OutputMixin
@@ -121,7 +121,7 @@ class Scheduler(OutputMixin):
     def grammar(self) -> GrammarBackend:
         """The grammar backend, built on the first constrained request (loads the tokenizer)."""
         if self._grammar is None:
-            from radixrt.tokenizer import load_tokenizer
+            from radixrt.models.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(self.args.tokenizer_path or self.model_path)
             args = self.args

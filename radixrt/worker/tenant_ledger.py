@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from radixrt.config.tenants import ADMIN_TENANT, TenantConfig
 from radixrt.mem_cache.radix_cache import RadixCache
-from radixrt.tenants import ADMIN_TENANT, TenantConfig
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.req import Req
 

@@ -1,0 +1,327 @@
+"""A CPU decode-attention kernel that reads the paged KV pool in place (no gathered K/V copy per layer).
+
+The kernel is C (``radixrt/kernels/csrc/paged_decode.c``: GNU C vector extensions plus OpenMP; single pass with
+online softmax; all query heads of a request per pass so each K/V slot record is streamed once; long
+contexts split across threads). It is compiled on first use with ``gcc -O3 -march=native -fopenmp -shared
+-fPIC`` into ``radixrt.config.cache_dir.cache_dir() / "kernels"``, under a name keyed by the source text, the
+compiler version, the flags and the host CPU, and loaded with ctypes. ``available()`` says whether that
+worked and ``unavailable_reason()`` why not.
+
+Per layer of a decode step::
+
+    out = paged_decode_attention(q, k_buf, v_buf, slot_table, seq_lens, scale, window=sliding_window)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from radixrt.config.cache_dir import cache_dir
+
+__all__ = [
+    "CpuDecodeUnavailable",
+    "available",
+    "library_path",
+    "load_library",
+    "paged_decode_attention",
+    "unavailable_reason",
+]
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
+COMPILER = "gcc"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+# The C signature of both variants: q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride,
+# table_width, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads -> status.
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES = [_P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P]
+_ARGTYPES.append(ctypes.c_int)
+_SYMBOLS = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
+_STATUS_ERRORS = {
+    1: "seq_lens: every entry must be in [0, slot_table.shape[1]]",
+    2: "slot_table: a slot among the first seq_lens[b] entries of a row is outside [0, k_buf.shape[0])",
+}
+
+Kernel = Callable[..., int]
+
+
+class CpuDecodeUnavailable(RuntimeError):
+    """The C kernel cannot be built or loaded here (no gcc, a compile error, a load error)."""
+
+
+_lock = threading.Lock()
+_kernels: dict[torch.dtype, Kernel] | None = None
+_error: str | None = None
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the CPU model and flags (the cache dir may be shared)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = {ln for ln in f if ln.startswith(("model name", "flags"))}
+        return "".join(sorted(lines))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def library_path(cc: str | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
+    """Where the compiled library for this source, compiler (default: gcc on PATH), flags and CPU lives."""
+    cc = cc or shutil.which(COMPILER) or COMPILER
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256()
+    for part in (SOURCE.read_text(), version, " ".join(flags), platform.machine(), _cpu_signature()):
+        key.update(part.encode())
+        key.update(b"\0")
+    return cache_dir() / "kernels" / f"paged_decode-{key.hexdigest()[:20]}.so"
+
+
+def _build(cc: str, flags: tuple[str, ...], target: Path) -> None:
+    """Compile into a private temporary file beside ``target``, then rename it into place (atomic)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CpuDecodeUnavailable(
+                f"compiling {SOURCE} failed ({cc} {' '.join(flags)}, exit {proc.returncode}):\n{proc.stderr}"
+            )
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)  # a concurrent builder's identical file may be replaced; either is fine
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_library(flags: tuple[str, ...] = FLAGS) -> dict[torch.dtype, Kernel]:
+    """Build (if not cached) and load the library with ``flags``; its kernels by dtype.
+
+    ``paged_decode_attention`` uses the default flags; other flags (e.g. ``-DPAGED_DECODE_PORTABLE``, which
+    turns off the AVX512-BF16 dot products) are for tests. Raises CpuDecodeUnavailable.
+    """
+    cc = shutil.which(COMPILER)
+    if cc is None:
+        raise CpuDecodeUnavailable(f"{COMPILER} not found on PATH; it is needed to build {SOURCE.name}")
+    try:
+        path = library_path(cc, flags)
+        if not path.is_file():
+            _build(cc, flags, path)
+        lib = ctypes.CDLL(str(path))  # CDLL releases the GIL during calls
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CpuDecodeUnavailable(f"building or loading the paged decode kernel failed: {exc}") from exc
+    kernels: dict[torch.dtype, Kernel] = {}
+    for dtype, name in _SYMBOLS.items():
+        fn = getattr(lib, name)
+        fn.argtypes = _ARGTYPES
+        fn.restype = ctypes.c_int
+        kernels[dtype] = fn
+    return kernels
+
+
+def _ensure_loaded() -> dict[torch.dtype, Kernel]:
+    global _kernels, _error
+    if _kernels is not None:
+        return _kernels
+    with _lock:
+        if _kernels is None:
+            if _error is not None:
+                raise CpuDecodeUnavailable(_error)
+            try:
+                _kernels = load_library()
+            except CpuDecodeUnavailable as exc:
+                _error = str(exc)
+                raise
+    return _kernels
+
+
+def available() -> bool:
+    """Whether the kernel is usable here; builds it on the first call (~3 s) and remembers the answer."""
+    try:
+        _ensure_loaded()
+    except CpuDecodeUnavailable:
+        return False
+    return True
+
+
+def unavailable_reason() -> str | None:
+    """Why ``available()`` is False (e.g. no gcc, or the compiler's stderr); None when it is usable."""
+    return None if available() else _error
+
+
+def _bad(name: str, what: str) -> ValueError:
+    return ValueError(f"paged_decode_attention: {name} {what}")
+
+
+def _diagnose(
+    q: object, k_buf: object, v_buf: object, slot_table: object, seq_lens: object, window: object, out: object
+) -> ValueError:
+    """The ValueError naming the first bad argument (the fast path only knows that one is bad)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or not q.is_cpu:
+        return _bad("q", "must be a 3-D [B, H, D] CPU tensor")
+    if q.dtype not in _SYMBOLS:
+        return _bad("q", f"dtype must be bfloat16 or float32, got {q.dtype}")
+    B, H, D = q.shape
+    if q.stride(2) != 1 or (H > 1 and q.stride(1) != D) or (B > 1 and q.stride(0) < H * D):
+        return _bad("q", f"must have contiguous heads (strides (>= H*D, D, 1)), got strides {q.stride()}")
+    for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
+        if not isinstance(buf, torch.Tensor) or buf.dim() != 3 or not buf.is_cpu:
+            return _bad(name, "must be a 3-D [num_slots, KVH, D] CPU tensor")
+        if buf.dtype != q.dtype:
+            return _bad(name, f"dtype {buf.dtype} differs from q's {q.dtype}")
+        if not buf.is_contiguous():
+            return _bad(name, "must be contiguous")
+    assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    _, KVH, Dk = k_buf.shape
+    if Dk != D or KVH == 0 or H % KVH != 0:
+        return _bad("k_buf", f"shape {tuple(k_buf.shape)} does not fit q's [B={B}, H={H}, D={D}]")
+    if v_buf.shape != k_buf.shape:
+        return _bad("v_buf", f"shape {tuple(v_buf.shape)} differs from k_buf's {tuple(k_buf.shape)}")
+    if not isinstance(slot_table, torch.Tensor) or slot_table.dim() != 2 or not slot_table.is_cpu:
+        return _bad("slot_table", "must be a 2-D [B, max_seq_len] CPU tensor")
+    if slot_table.dtype != torch.int64 or slot_table.shape[0] != B:
+        return _bad(
+            "slot_table", f"must be int64 with {B} rows, got {slot_table.dtype} {tuple(slot_table.shape)}"
+        )
+    if slot_table.shape[1] > 1 and slot_table.stride(1) != 1:
+        return _bad("slot_table", "must have a unit inner stride")
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dim() != 1 or not seq_lens.is_cpu:
+        return _bad("seq_lens", "must be a 1-D [B] CPU tensor")
+    if seq_lens.dtype != torch.int64 or seq_lens.shape[0] != B or not seq_lens.is_contiguous():
+        return _bad(
+            "seq_lens",
+            f"must be contiguous int64 of length {B}, got {seq_lens.dtype} {tuple(seq_lens.shape)}",
+        )
+    if window is not None and (not isinstance(window, int) or window < 0):
+        return _bad("window", f"must be None or an int >= 0, got {window!r}")
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.shape != q.shape
+        or out.dtype != q.dtype
+        or not out.is_cpu
+        or not out.is_contiguous()
+    ):
+        return _bad("out", f"must be a contiguous [{B}, {H}, {D}] {q.dtype} CPU tensor")
+    return _bad("arguments", "are invalid")  # not reached unless the fast path and this disagree
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slot_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention of one query token per request over its KV slots, read from the pool in place.
+
+    Args:
+        q: ``[B, H, D]`` bfloat16 or float32 CPU tensor with contiguous heads (strides ``(>= H*D, D, 1)``,
+            so a row-strided view of a fused QKV projection works without a copy).
+        k_buf, v_buf: one layer's ``[num_slots, KVH, D]`` contiguous pool buffers, of ``q``'s dtype; ``H``
+            must be a multiple of ``KVH`` (query head ``h`` uses kv head ``h // (H // KVH)``).
+        slot_table: ``[B, >= max(seq_lens)]`` int64 with a unit inner stride (any row stride); the first
+            ``seq_lens[b]`` entries of row ``b`` are request ``b``'s slots in position order, the rest
+            are not read.
+        seq_lens: ``[B]`` contiguous int64, the positions each request attends over (its new token
+            included); a request with ``seq_len == 0`` gets a zero output row.
+        scale: the softmax scale of ``q . k``.
+        window: sliding window: when positive, only the last ``window`` positions are attended.
+        out: optional contiguous ``[B, H, D]`` tensor of ``q``'s dtype to write (not overlapping inputs).
+
+    Returns:
+        ``[B, H, D]`` contiguous tensor of ``q``'s dtype: ``softmax(scale * q k^T) v`` computed in float32
+        (the bfloat16 output rounded to nearest-even). Runs on ``torch.get_num_threads()`` OpenMP threads.
+
+    Raises:
+        ValueError: naming the argument, for a wrong type, dtype, shape, layout or device, or a seq_len
+            or slot out of range (these two are found by the kernel; ``out`` is then unspecified).
+        CpuDecodeUnavailable: when the kernel cannot be built here.
+        MemoryError: when the kernel's scratch allocation fails.
+    """
+    kernels = _kernels if _kernels is not None else _ensure_loaded()
+    # Fast path: one pass of cheap checks; _diagnose names the culprit when one fails.
+    try:
+        fn = kernels[q.dtype]
+        B, H, D = q.shape
+        num_slots, KVH, Dk = k_buf.shape
+        qs = q.stride()
+        width = slot_table.shape[1]
+        ok = (
+            q.is_cpu
+            and qs[2] == 1
+            and (qs[1] == D or H == 1)
+            and (qs[0] >= H * D or B == 1)
+            and k_buf.is_cpu
+            and k_buf.dtype == q.dtype
+            and k_buf.is_contiguous()
+            and Dk == D
+            and KVH > 0
+            and H % KVH == 0
+            and v_buf.is_cpu
+            and v_buf.dtype == q.dtype
+            and v_buf.is_contiguous()
+            and v_buf.shape == k_buf.shape
+            and slot_table.is_cpu
+            and slot_table.dtype == torch.int64
+            and slot_table.dim() == 2
+            and slot_table.shape[0] == B
+            and (slot_table.stride(1) == 1 or width <= 1)
+            and seq_lens.is_cpu
+            and seq_lens.dtype == torch.int64
+            and seq_lens.dim() == 1
+            and seq_lens.shape[0] == B
+            and seq_lens.is_contiguous()
+            and (window is None or (isinstance(window, int) and window >= 0))
+        )
+        if out is None:
+            out = (
+                torch.empty_like(q)
+                if q.is_contiguous()
+                else torch.empty_like(q, memory_format=torch.contiguous_format)
+            )
+        else:
+            ok = ok and out.is_cpu and out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, RuntimeError):
+        ok = False
+    if not ok or out is None:
+        raise _diagnose(q, k_buf, v_buf, slot_table, seq_lens, window, out)
+    if B == 0 or H == 0 or D == 0:
+        return out
+    status = fn(
+        q.data_ptr(),
+        qs[0],
+        k_buf.data_ptr(),
+        v_buf.data_ptr(),
+        num_slots,
+        slot_table.data_ptr(),
+        slot_table.stride(0),
+        width,
+        seq_lens.data_ptr(),
+        B,
+        H,
+        KVH,
+        D,
+        float(scale),
+        window or 0,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if status:
+        if status == 3:
+            raise MemoryError("paged_decode_attention: the kernel could not allocate its scratch memory")
+        raise ValueError(f"paged_decode_attention: {_STATUS_ERRORS.get(status, f'kernel status {status}')}")
+    return out

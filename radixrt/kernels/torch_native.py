@@ -1,0 +1,149 @@
+"""The CPU attention backend: one batched SDPA call per layer over gathered K/V (the reference), and for
+decode a C kernel that reads the paged KV pool in place (`radixrt.kernels.cpu_decode`).
+
+Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and builds a boolean mask
+(causal over prefix + new tokens, sequence length, optional sliding window); per layer it gathers K/V
+through that table and runs ``scaled_dot_product_attention`` with GQA. Decode steps (one new token per
+request) call the C kernel instead when it could be built here (gcc); when it cannot, the backend logs why
+once and decodes through the reference path. No Python loop over tokens or requests in the per-layer path.
+
+Float8 KV (``--kv-cache-dtype fp8_e5m2|fp8_e4m3``): gathered K/V are widened to the query's dtype and, for
+e4m3, multiplied by the pool's per-head scales (``kv_scales``) before SDPA. The C kernel reads fp32 / bf16
+pools only, so with a float8 pool every step, decode included, takes the gather path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.kernels import cpu_decode
+from radixrt.kernels.base import AttentionBackend, AttentionMetadata, KVStore
+from radixrt.mem_cache.kv_pool import dequantize_fp8
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ScaledKVStore(Protocol):
+    """A KV store whose stored values need per-head scales to dequantize (float8 pools)."""
+
+    def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+
+# Extends of at most this many tokens per request run as one decode query per token through the C kernel.
+SMALL_EXTEND = 16
+
+
+class TorchNativeBackend(AttentionBackend):
+    """Reference backend; every other backend is tested against it. ``use_decode_kernel`` False forces the
+    reference path for decode too."""
+
+    def __init__(
+        self,
+        kv: KVStore,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        use_decode_kernel: bool = True,
+    ) -> None:
+        super().__init__(kv, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+        self.kv_fp8 = kv.get_kv_buffer(0)[0].dtype in (torch.float8_e5m2, torch.float8_e4m3fn)
+        self.scaled_kv = kv if isinstance(kv, ScaledKVStore) else None
+        if self.kv_fp8:
+            use_decode_kernel = False  # NOTE: the C kernel reads fp32 / bf16 only; fp8 gathers and widens
+        self.use_decode_kernel = use_decode_kernel and cpu_decode.available()
+        if use_decode_kernel and not self.use_decode_kernel:
+            logger.warning(
+                "the C decode-attention kernel is unavailable (%s): decode gathers K/V per layer instead "
+                "(several times slower at long contexts)",
+                cpu_decode.unavailable_reason(),
+            )
+
+    _slot_table: torch.Tensor
+    _q_index: torch.Tensor
+    _q_valid: torch.Tensor
+    _mask: torch.Tensor | None
+
+    def init_forward_metadata(self, md: AttentionMetadata) -> None:
+        self._token_table: torch.Tensor | None = None
+        if self.use_decode_kernel and md.max_extend_len > 1 and md.max_extend_len <= SMALL_EXTEND:
+            # A short extend (speculative verify, jump-forward, a small chunk) is one decode query per new
+            # token: token t of request r attends over r's first prefix_len + j + 1 slots (causal).
+            extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
+            req = torch.repeat_interleave(torch.arange(md.batch_size), extend_lens)
+            j = torch.arange(int(md.qo_indptr[-1])) - md.qo_indptr[:-1][req]
+            self._token_table = md.slot_table[req]
+            self._token_lens = md.prefix_lens[req] + j + 1
+            return
+        dev = md.seq_lens.device
+        kv_pos = torch.arange(md.max_seq_len, device=dev)
+        kv_ok = kv_pos[None, :] < md.seq_lens[:, None]
+        # Padding positions read slot 0 (the reserved padding target); the mask hides them.
+        self._slot_table = torch.where(kv_ok, md.slot_table, 0)
+        # Query table [B, max_extend_len] of flat token indices.
+        extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
+        q_pos = torch.arange(md.max_extend_len, device=dev)
+        self._q_valid = q_pos[None, :] < extend_lens[:, None]
+        self._q_index = torch.where(self._q_valid, md.qo_indptr[:-1, None] + q_pos[None, :], 0)
+        if md.max_extend_len == 1 and self.sliding_window is None:
+            self._mask = kv_ok[:, None, None, :]
+            return
+        abs_q = md.prefix_lens[:, None] + q_pos[None, :]  # [B, Q] absolute position of each query
+        mask = kv_ok[:, None, :] & (kv_pos[None, None, :] <= abs_q[:, :, None])
+        if self.sliding_window is not None:
+            mask &= kv_pos[None, None, :] > abs_q[:, :, None] - self.sliding_window
+        # Padded query rows attend to position 0 only (their output is dropped) to avoid NaN rows.
+        mask[:, :, 0] |= ~self._q_valid
+        self._mask = mask[:, None, :, :]
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+    ) -> torch.Tensor:
+        self.kv.set_kv(layer_id, md.out_cache_loc, k, v)
+        k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
+        if self.use_decode_kernel and md.max_extend_len == 1 and q.shape[0] == md.batch_size:
+            return cpu_decode.paged_decode_attention(
+                q, k_buf, v_buf, md.slot_table, md.seq_lens, self.scale, self.sliding_window
+            )
+        if self._token_table is not None:
+            return cpu_decode.paged_decode_attention(
+                q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window
+            )
+        keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
+        values = v_buf[self._slot_table].transpose(1, 2)
+        if self.kv_fp8:
+            keys, values = self._widen(keys, values, layer_id, q.dtype)
+        if md.max_extend_len == 1:
+            queries = (
+                q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
+            )
+        else:
+            queries = q[self._q_index].transpose(1, 2)  # [B, H, Q, D]
+        out = F.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            attn_mask=self._mask,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        if md.max_extend_len == 1 and q.shape[0] == md.batch_size:
+            return out[:, :, 0, :]
+        return out.transpose(1, 2)[self._q_valid]
+
+    def _widen(
+        self, keys: torch.Tensor, values: torch.Tensor, layer_id: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gathered float8 K/V ``[B, KVH, L, D]`` in ``dtype``, times the per-head scales (e4m3)."""
+        k, v = dequantize_fp8(keys), dequantize_fp8(values)
+        scales = self.scaled_kv.kv_scales(layer_id) if self.scaled_kv is not None else None
+        if scales is not None:  # powers of two: exact
+            k = k * scales[0][None, :, None, None]
+            v = v * scales[1][None, :, None, None]
+        return k.to(dtype), v.to(dtype)

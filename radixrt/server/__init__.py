@@ -1,0 +1,1 @@
+"""The HTTP process: FastAPI routes, TokenizerManager (tokenize, track, detokenize), worker supervision."""

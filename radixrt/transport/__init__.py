@@ -1,0 +1,1 @@
+"""The link between the TokenizerManager and the worker: wire messages, ZeroMQ client, worker process entry, in-process thread."""
