@@ -91,13 +91,19 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line, sep, *body])
 
 
-README = Path(__file__).resolve().parent / "README.md"
+# The results page (the method and the commands stay in benchmarks/README.md).
+README = REPO_ROOT / "docs" / "benchmarks.md"
 
 
 def update_readme_section(name: str, markdown: str, readme: Path = README) -> None:
-    """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` (appended if absent)."""
+    """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` (appended if absent).
+
+    Benchmarks write image links relative to ``benchmarks/`` (``results/x.png``); the results page lives in
+    ``docs/``, so those links are rebased onto it.
+    """
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    markdown = markdown.replace("](results/", "](../benchmarks/results/")
     block = f"{begin}\n{markdown.strip()}\n{end}"
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
