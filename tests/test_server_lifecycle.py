@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -75,7 +76,9 @@ def test_api_key_then_worker_death_then_sigint(
 
 
 def test_cli_serve_and_sigterm_with_requests_in_flight(launch_server: Callable[..., ServerProcess]) -> None:
-    srv = launch_server("--max-total-tokens", "8192", "--served-model-name", "tiny-served", cli=True)
+    srv = launch_server(
+        "--max-total-tokens", "8192", "--served-model-name", "tiny-served", "--log-requests", cli=True
+    )
     worker, ipc_dir = srv.info["worker_pid"], Path(srv.info["ipc_dir"])
     assert srv.info["model_info"]["served_model_name"] == "tiny-served"
     assert sorted(p.name for p in ipc_dir.iterdir()) == ["worker_in", "worker_out"]
@@ -89,6 +92,9 @@ def test_cli_serve_and_sigterm_with_requests_in_flight(launch_server: Callable[.
         "ready:",
     ):
         assert needle in log, needle
+    # --log-requests: the warm-up request's line, its counts but not its text
+    assert re.search(r"request rid=\w+ tenant=- prompt_tokens=\d+ cached_tokens=0 generated_tokens=\d+ ", log)
+    assert "capital of France" not in log
     results: list[int] = []
 
     def busy() -> None:

@@ -1,124 +1,318 @@
-"""ServerArgs: every runtime setting, shared by Engine, the server CLI and the worker."""
+"""ServerArgs: every runtime setting, shared by Engine, the server CLI and the worker.
+
+Each field carries its ``--help`` text (`radixrt.config.flags.arg`): the one source of ``radixrt serve
+--help`` and of docs/flags.md (``python -m radixrt.config.flags_doc > docs/flags.md``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
+from radixrt.config import flags
+from radixrt.config.flags import FlagSpec, arg
+
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-EVICTION_POLICIES = ("lru", "lfu", "priority")  # priority: lower request priority evicted first, then LRU
-# NOTE: radixrt.layers.QUANTIZATION_CHOICES, spelled here so that parsing flags does not import torch.
+EVICTION_POLICIES = ("lru", "lfu", "priority")
+# NOTE: the names below are spelled here so that parsing flags imports no torch; tests/test_cli.py checks
+# that they match radixrt.layers.QUANTIZATION_CHOICES, radixrt.models.config's dtype names,
+# radixrt.kernels.base's attention backends and radixrt.mem_cache.kv_pool.KV_CACHE_DTYPES.
 QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
+DTYPES = ("auto", "float32", "fp32", "float", "bfloat16", "bf16", "float16", "fp16", "half")
+ATTENTION_BACKENDS = ("auto", "torch_native", "flashinfer", "triton")
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")
 DEVICES = ("auto", "cpu", "cuda")
-# sglang-router 0.3.2's --policy choices (`radixrt serve --dp-size N` starts it in front of N servers)
-KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")  # radixrt.mem_cache.kv_pool.KV_CACHE_DTYPES
-HICACHE_WRITE_POLICIES = ("auto", "write_back", "write_through")  # auto: write_back on cpu, else through
-ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
-CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")  # cached_tokens as non-admin keys see it
+HICACHE_WRITE_POLICIES = ("auto", "write_back", "write_through")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")  # sglang-router 0.3.2's --policy
+CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# The first field of each section of `radixrt serve --help` and docs/flags.md (a section's fields follow it).
+SECTIONS = {
+    "model_path": "Model",
+    "max_total_tokens": "KV cache",
+    "enable_hierarchical_cache": "Hierarchical KV cache (host and disk tiers)",
+    "max_running_requests": "Scheduling and admission",
+    "host": "HTTP server",
+    "disable_jump_forward": "Constrained decoding",
+    "disable_compile": "Decode compilation and CUDA graphs",
+    "speculative_algorithm": "Speculative decoding",
+    "tp_size": "Parallelism",
+    "log_level": "Logging",
+    "max_worker_restarts": "Supervision and shutdown",
+}
 
 
 @dataclass(slots=True)
 class ServerArgs:
     """Runtime settings; flag names follow SGLang's (``--max-total-tokens`` <-> ``max_total_tokens``)."""
 
-    model_path: str | None = None
-    tokenizer_path: str | None = None
-    dtype: str = "auto"
-    device: str = "auto"  # "auto": cuda when a GPU is visible, else cpu
-    attention_backend: str = "auto"  # "auto": flashinfer (else triton) on cuda, torch_native on cpu
-    max_total_tokens: int | None = None
-    # Share of memory for weights + KV pool: of free RAM on cpu (default 0.2), of the GPU's total memory on
-    # cuda (default 0.85), as SGLang sizes it.
-    mem_fraction_static: float | None = None
-    max_running_requests: int = 128
-    chunked_prefill_size: int = 2048
-    max_prefill_tokens: int = 8192
-    page_size: int = 1
-    context_length: int | None = None
-    schedule_policy: str = "lpm"
-    disable_radix_cache: bool = False
-    radix_eviction_policy: str = "lru"
-    max_pinned_ratio: float = 0.5  # share of the device KV pool that TTL pins (cache_control) may hold
-    # KV memory hierarchy (SGLang's names): a host tier behind the device pool, a persistent disk tier.
-    enable_hierarchical_cache: bool = False
-    hicache_ratio: float = 2.0  # host pool tokens = ratio x device pool tokens
-    hicache_size: float = 0.0  # host pool GB; overrides the ratio when > 0
-    hicache_write_policy: str = "auto"
-    hicache_storage_dir: str | None = None  # the disk tier's directory (needs the hierarchical cache)
-    hicache_storage_size: float = 16.0  # the disk tier's capacity, GB
-    kv_cache_dtype: str = "auto"  # auto (the model's dtype), fp8_e5m2, fp8_e4m3 (per-head scales)
-    random_seed: int = 0
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None
-    api_key_file: str | None = None  # a file holding the API key (keeps it off the command line)
-    max_request_bytes: int = 16 * 2**20  # a larger request body is refused (413) before it is read whole
-    log_level: str = "info"
-    served_model_name: str | None = None
-    disable_jump_forward: bool = False
-    json_whitespace: bool = False
-    grammar_compile_timeout: float = 30.0  # seconds, from the moment a thread starts compiling
-    # Grammar limits: compiled grammars cached LRU by bytes; a constraint (regex / json_schema / ebnf
-    # text) above max_grammar_bytes is a 400; a client (tenant, else everyone) with
-    # max_grammar_compiles_per_client compilations queued or running gets a 429 for a new one.
-    grammar_cache_size_mb: float = 256.0
-    max_grammar_bytes: int = 262144
-    grammar_compile_threads: int = 2
-    max_grammar_compiles_per_client: int = 4
-    # Admission control: the worker's waiting queue holds at most this many requests (each of n counts);
-    # beyond it a request is refused with HTTP 429 and Retry-After. SGLang's name; 0 = unbounded.
-    max_queued_requests: int = 4096
-    max_batch_size: int = 1024  # most prompts in one /generate or /v1/completions batch (400 beyond)
-    request_timeout: float | None = None  # seconds from arrival; longer requests fail with 504 (None: off)
-    quantization: str | None = None
-    disable_compile: bool = False
-    compile_max_bs: int = 16
-    # CUDA graphs of the decode step per batch-size bucket (SGLang's names); cuda only.
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 64
-    # Multi-tenancy: a JSON file of tenants (radixrt/config/tenants.py documents the schema).
-    tenants: str | None = None
-    cache_report_granularity: str = "exact"  # page: whole 16-token pages; none: 0 (non-admin keys)
-    # Tensor parallelism on torch.distributed (SGLang's names): gloo on cpu, NCCL on cuda.
-    tp_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous (default: a free local port)
-    # Speculative decoding (SGLang's names): n-gram / prompt-lookup drafts, no draft model.
-    speculative_algorithm: str | None = None  # "NGRAM" or None (off)
-    speculative_num_draft_tokens: int = 4  # max draft tokens per request per step
-    speculative_ngram_max_match_window_size: int = 3  # match the last n..1 tokens, longest first
-    # Data parallelism (SGLang's names): `--dp-size N` serves N servers behind sglang-router.
-    dp_size: int = 1
-    router_policy: str = "cache_aware"
-    router_dp_worker_base_port: int | None = None  # the first server's port (default: --port + 1)
-    # Worker supervision: restarts of a dead worker allowed within the window (seconds), then give up.
-    max_worker_restarts: int = 3
-    worker_restart_window: float = 600.0
-    # SIGTERM: seconds running requests get to finish (8: the rest is answered before `docker stop`'s 10 s)
-    graceful_shutdown_timeout: float = 8.0
+    # -- model ------------------------------------------------------------------------------------
+    model_path: str | None = arg(
+        None,
+        "The checkpoint to serve: a Hugging Face model directory (config.json, tokenizer.json, safetensors), "
+        "a .gguf file, or a directory holding one .gguf file (converted once into an HF directory under "
+        "$RADIXRT_CACHE_DIR, default ~/.cache/radixrt). Unset: the embedded SmolLM2-135M-Instruct.",
+    )
+    tokenizer_path: str | None = arg(
+        None, "Directory of the tokenizer (tokenizer.json, tokenizer_config.json). Unset: the model's."
+    )
+    served_model_name: str | None = arg(
+        None,
+        "The model name /v1/models and /model_info report; when set, an OpenAI request naming another "
+        "model gets 404 model_not_found. Unset: the checkpoint's directory or GGUF file name, and a request "
+        "may name any model.",
+    )
+    dtype: str = arg(
+        "auto",
+        "Dtype of weights and activations: float32 (fp32, float), bfloat16 (bf16), float16 (fp16, half). "
+        "auto: bfloat16 on cuda; on cpu bfloat16 where the CPU has native bf16 (AVX512-BF16 or AMX), "
+        "else float32.",
+        DTYPES,
+    )
+    quantization: str | None = arg(
+        None,
+        "Weight-only quantization of the linear layers: int8 or int4 (quantized from the loaded float "
+        "weights), gguf (the GGUF file's own quantized blocks; needs a GGUF checkpoint), none. Unset: gguf "
+        "for a GGUF checkpoint, else none. With --tp-size > 1 only none.",
+        QUANTIZATION_CHOICES,
+    )
+    context_length: int | None = arg(
+        None,
+        "Longest sequence (prompt + generated tokens) a request may reach; a request whose prompt + "
+        "max_new_tokens exceeds it is refused (400). Unset, or above the model's max_position_embeddings: "
+        "the model's.",
+    )
+    device: str = arg(
+        "auto", "Where the worker runs: cpu, cuda or cuda:N; auto: cuda when torch sees a GPU, else cpu."
+    )
+    attention_backend: str = arg(
+        "auto",
+        "Attention kernels: torch_native (any device), flashinfer or triton (cuda). auto: flashinfer on "
+        "cuda when it is installed, else triton; torch_native on cpu.",
+        ATTENTION_BACKENDS,
+    )
+    random_seed: int = arg(
+        0,
+        "Seeds torch in the worker and the server's draws of per-request sampling seeds (a request's "
+        "sampling_params.seed takes precedence).",
+    )
+    # -- KV cache -----------------------------------------------------------------------------------
+    max_total_tokens: int | None = arg(
+        None, "Size of the KV pool in tokens. Unset: sized from memory by --mem-fraction-static."
+    )
+    mem_fraction_static: float | None = arg(
+        None,
+        "Without --max-total-tokens, the share of memory that sizes the KV pool, in (0, 1]: on cuda, of the "
+        "GPU's total memory, for weights + KV pool (unset: 0.85, as SGLang); on cpu, of the RAM free after "
+        "loading the weights, for the KV pool alone (unset: 0.2). The pool holds at least 4 x the context "
+        "length and at most 4194304 tokens.",
+    )
+    page_size: int = arg(
+        1,
+        "Tokens per KV page: the pool, the radix cache and its tiers allocate, match and evict whole pages.",
+    )
+    kv_cache_dtype: str = arg(
+        "auto",
+        "Storage dtype of the KV pool: auto (the model's dtype), fp8_e5m2, or fp8_e4m3 (with per-head "
+        "power-of-two scales calibrated at start). float8 halves (bf16) or quarters (fp32) KV memory.",
+        KV_CACHE_DTYPES,
+    )
+    disable_radix_cache: bool = arg(False, "Disable prefix caching: no request reuses another's KV.")
+    radix_eviction_policy: str = arg(
+        "lru",
+        "Which cached prefixes go first when the KV pool is full: lru (least recently used), lfu (least "
+        "frequently used), priority (lower request priority first, then least recently used).",
+        EVICTION_POLICIES,
+    )
+    max_pinned_ratio: float = arg(
+        0.5,
+        "Share of the device KV pool, in [0, 1), that TTL pins (a request's cache_control, /pin_prefix) "
+        "may hold; a pin that does not fit pins the longest page-aligned prefix that does.",
+    )
+    # -- hierarchical KV cache (SGLang's names) -----------------------------------------------------
+    enable_hierarchical_cache: bool = arg(
+        False,
+        "Keep KV evicted from the device pool in a host-memory tier and load it back for a later match "
+        "instead of recomputing it (needs the radix cache).",
+    )
+    hicache_ratio: float = arg(2.0, "Host tier size as a multiple of the device pool's tokens.")
+    hicache_size: float = arg(0.0, "Host tier size in GiB; when > 0 it overrides --hicache-ratio.")
+    hicache_write_policy: str = arg(
+        "auto",
+        "When KV is copied to the host tier: write_back (at device eviction), write_through (at insert; "
+        "the copy is kept). auto: write_through on cuda, write_back on cpu.",
+        HICACHE_WRITE_POLICIES,
+    )
+    hicache_storage_dir: str | None = arg(
+        None,
+        "Directory of the persistent disk tier (needs --enable-hierarchical-cache): whole chunks of cached "
+        "prefixes are written there in the background and read back at admission, after a restart too. "
+        "Unset: no disk tier.",
+    )
+    hicache_storage_size: float = arg(
+        16.0, "Capacity of the disk tier in GiB; the least recently used files are removed beyond it."
+    )
+    # -- scheduling and admission -------------------------------------------------------------------
+    max_running_requests: int = arg(128, "Most requests in the running (decoding) batch at once.")
+    chunked_prefill_size: int = arg(
+        2048,
+        "Most prompt tokens one prefill forward computes; a longer prompt is prefilled in chunks over "
+        "several steps. -1: --max-prefill-tokens is that budget instead.",
+    )
+    max_prefill_tokens: int = arg(
+        8192, "The prefill budget of one forward when --chunked-prefill-size is -1."
+    )
+    schedule_policy: str = arg(
+        "lpm",
+        "Order in which waiting requests are admitted: lpm (longest cached prefix first), dfs-weight "
+        "(depth-first over the radix tree, subtrees with more waiting requests first), fcfs (arrival "
+        "order). lpm and dfs-weight act as fcfs beyond 256 waiting requests or without the radix cache.",
+        SCHEDULE_POLICIES,
+    )
+    max_queued_requests: int = arg(
+        4096,
+        "Most requests waiting in the worker's queue (each of n counts); beyond it a request gets 429 with "
+        "Retry-After. 0: unbounded.",
+    )
+    request_timeout: float | None = arg(
+        None,
+        "Seconds from arrival after which a queued or running request is aborted with 504 (its KV freed). "
+        "Unset: no limit.",
+    )
+    # -- HTTP server ----------------------------------------------------------------------------------
+    host: str = arg("127.0.0.1", "Address the HTTP server binds (0.0.0.0: every interface).")
+    port: int = arg(30000, "Port of the HTTP server (with --dp-size > 1: of the router in front).")
+    api_key: str | None = arg(
+        None,
+        "Admin key: every route but /health then needs `Authorization: Bearer KEY`. Every local user sees "
+        "it in ps; --api-key-file or $RADIXRT_API_KEY keep it off the command line.",
+    )
+    api_key_file: str | None = arg(None, "A file holding the admin key (instead of --api-key).")
+    max_request_bytes: int = arg(
+        16 * 2**20, "Largest request body; a larger one gets 413 before it is read whole (>= 1024)."
+    )
+    max_batch_size: int = arg(
+        1024, "Most prompts in one /generate or /v1/completions batch; a larger batch gets 400."
+    )
+    tenants: str | None = arg(
+        None,
+        "A JSON file of tenants (name, api_keys, kv_quota, priority, reserved): each tenant gets its own "
+        "cache namespace, a KV quota and fair admission. Needs --api-key (the admin key).",
+    )
+    cache_report_granularity: str = arg(
+        "exact",
+        "What a non-admin key sees as cached_tokens: exact, page (rounded down to whole 16-token pages) or "
+        "none (always 0); the coarser, the less a tenant learns about what other tenants cached.",
+        CACHE_REPORT_GRANULARITIES,
+    )
+    # -- constrained decoding ---------------------------------------------------------------------------
+    disable_jump_forward: bool = arg(
+        False,
+        "Sample every token of a constrained request, even where the grammar allows only one (by default "
+        "those are appended without sampling and computed in one extend).",
+    )
+    json_whitespace: bool = arg(
+        False, "JSON-schema output may hold up to two whitespace characters where JSON allows (else compact)."
+    )
+    grammar_compile_timeout: float = arg(
+        30.0, "Seconds a grammar may compile, from the moment a thread starts it; then the request gets 400."
+    )
+    grammar_cache_size_mb: float = arg(256.0, "Memory (MiB) of the LRU cache of compiled grammars.")
+    max_grammar_bytes: int = arg(
+        262144, "Largest constraint (regex, json_schema or ebnf text) in bytes; a larger one gets 400."
+    )
+    grammar_compile_threads: int = arg(2, "Threads that compile grammars.")
+    max_grammar_compiles_per_client: int = arg(
+        4,
+        "Most grammar compilations one client (its tenant, else everyone) may have queued or running; "
+        "another one gets 429.",
+    )
+    # -- decode compilation and CUDA graphs (SGLang's names for the graphs) ---------------------------
+    disable_compile: bool = arg(
+        False, "cpu: run decode eagerly instead of through torch.compile'd graphs per batch-size bucket."
+    )
+    compile_max_bs: int = arg(
+        16,
+        "cpu: largest compiled decode bucket (buckets 1, 2, 4, ... up to it); a larger batch decodes eagerly.",
+    )
+    disable_cuda_graph: bool = arg(False, "cuda: decode without CUDA graphs.")
+    cuda_graph_max_bs: int = arg(
+        64,
+        "cuda: largest captured decode bucket (1, 2, 4, ... up to it); a larger batch runs without graphs.",
+    )
+    # -- speculative decoding (SGLang's names) ----------------------------------------------------------
+    speculative_algorithm: str | None = arg(
+        None,
+        "NGRAM: draft tokens by n-gram lookup in the request's own prompt and output (no draft model) and "
+        "verify them in one forward; requests with a grammar or logprobs are not drafted. Unset: off.",
+        ("NGRAM",),
+    )
+    speculative_num_draft_tokens: int = arg(4, "Most draft tokens per request per step.")
+    speculative_ngram_max_match_window_size: int = arg(
+        3, "Longest suffix (in tokens) the n-gram lookup matches; it tries n down to 1, longest first."
+    )
+    # -- parallelism (SGLang's names) -------------------------------------------------------------------
+    tp_size: int = arg(
+        1, "Tensor-parallel ranks (torch.distributed: gloo on cpu, NCCL on cuda); decode then runs eagerly."
+    )
+    nnodes: int = arg(1, "Nodes the tensor-parallel ranks span (must divide --tp-size).")
+    node_rank: int = arg(
+        0,
+        "This node's index among --nnodes: node 0 serves HTTP; the others run only their tensor-parallel "
+        "ranks, in the foreground, until rank 0 stops them.",
+    )
+    dist_init_addr: str | None = arg(
+        None,
+        "HOST:PORT of rank 0's rendezvous (the same on every node; needed with --nnodes > 1). Unset: a free "
+        "local port.",
+    )
+    dp_size: int = arg(
+        1,
+        "Data-parallel servers: N > 1 starts N servers on consecutive ports behind sglang-router on --port "
+        "(pip install sglang-router).",
+    )
+    router_policy: str = arg("cache_aware", "With --dp-size > 1: sglang-router's --policy.", ROUTER_POLICIES)
+    router_dp_worker_base_port: int | None = arg(
+        None, "With --dp-size > 1: the first server's port (the others follow). Unset: --port + 1."
+    )
+    # -- logging ----------------------------------------------------------------------------------------
+    log_level: str = arg("info", "Level of the server's, the worker's and uvicorn's logs.", LOG_LEVELS)
+    log_requests: bool = arg(
+        False,
+        "The HTTP server logs one line per finished request (at --log-level info): rid, tenant, prompt / "
+        "cached / generated tokens, finish reason and latency; never prompt or output text.",
+    )
+    log_interval: float = arg(
+        5.0,
+        "Seconds between the worker's load lines while it is busy (at --log-level info): running and "
+        "queued requests, KV usage, cache hit rate and prefill / decode tokens per second over the "
+        "interval. 0: off.",
+    )
+    # -- supervision and shutdown -----------------------------------------------------------------------
+    max_worker_restarts: int = arg(
+        3,
+        "Restarts of a dead worker allowed within --worker-restart-window; one more death and the server "
+        "gives up and exits with code 1.",
+    )
+    worker_restart_window: float = arg(600.0, "Seconds over which --max-worker-restarts counts restarts.")
+    graceful_shutdown_timeout: float = arg(
+        8.0,
+        "Seconds running requests get to finish after the first SIGTERM / SIGINT (new ones get 503); then "
+        "they end with 503 (8: answered within docker stop's 10 s).",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy: {self.schedule_policy!r} not in {SCHEDULE_POLICIES}")
-        if self.radix_eviction_policy not in EVICTION_POLICIES:
-            raise ValueError(
-                f"radix_eviction_policy: {self.radix_eviction_policy!r} not in {EVICTION_POLICIES}"
-            )
+        for f in fields(self):
+            choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if choices is not None and value is not None and value not in choices:
+                raise ValueError(f"{f.name}: {value!r} not in {choices}")
         if self.page_size < 1:
             raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} not in {KV_CACHE_DTYPES}")
-        if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:
-            raise ValueError(
-                f"hicache_write_policy: {self.hicache_write_policy!r} not in {HICACHE_WRITE_POLICIES}"
-            )
         if not 0 <= self.max_pinned_ratio < 1:
             raise ValueError(f"max_pinned_ratio: must be in [0, 1), got {self.max_pinned_ratio}")
         if self.hicache_ratio < 0 or self.hicache_size < 0 or self.hicache_storage_size <= 0:
@@ -152,8 +346,6 @@ class ServerArgs:
             )
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens: {self.max_total_tokens} is too small")
-        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
-            raise ValueError(f"quantization: {self.quantization!r} not in {QUANTIZATION_CHOICES}")
         if self.compile_max_bs < 1:
             raise ValueError(f"compile_max_bs: must be >= 1, got {self.compile_max_bs}")
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
@@ -168,24 +360,18 @@ class ServerArgs:
             raise ValueError(f"cuda_graph_max_bs: must be >= 1, got {self.cuda_graph_max_bs}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
-        if self.speculative_algorithm not in (None, "NGRAM"):
-            raise ValueError(f"speculative_algorithm: {self.speculative_algorithm!r} not in (None, 'NGRAM')")
-        if self.cache_report_granularity not in CACHE_REPORT_GRANULARITIES:
-            raise ValueError(
-                f"cache_report_granularity: {self.cache_report_granularity!r} not in {CACHE_REPORT_GRANULARITIES}"
-            )
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes: must be >= 1024, got {self.max_request_bytes}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size: must be >= 1, got {self.dp_size}")
-        if self.router_policy not in ROUTER_POLICIES:
-            raise ValueError(f"router_policy: {self.router_policy!r} not in {ROUTER_POLICIES}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"max_worker_restarts: must be >= 0, got {self.max_worker_restarts}")
         if self.worker_restart_window <= 0:
             raise ValueError(f"worker_restart_window: must be > 0, got {self.worker_restart_window}")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError(f"graceful_shutdown_timeout: must be >= 0, got {self.graceful_shutdown_timeout}")
+        if not self.log_interval >= 0:
+            raise ValueError(f"log_interval: must be >= 0 seconds (0: off), got {self.log_interval}")
         if self.speculative_num_draft_tokens < 1:
             raise ValueError(
                 f"speculative_num_draft_tokens: must be >= 1, got {self.speculative_num_draft_tokens}"
@@ -206,36 +392,18 @@ class ServerArgs:
         return cls(**kwargs)
 
     @staticmethod
+    def flag_specs() -> list[FlagSpec]:
+        """Every flag: name, type, default, help, choices, section (`radixrt.config.flags`)."""
+        return flags.flag_specs(ServerArgs, SECTIONS)
+
+    @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """Add one ``--flag-name`` per field."""
-        for f in fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default if f.default is not dataclasses.MISSING else None
-            if f.type in ("bool",):
-                parser.add_argument(flag, action="store_true", default=default)
-                continue
-            kind: Any = {"int": int, "float": float, "int | None": int, "float | None": float}.get(
-                str(f.type), str
-            )
-            choices: tuple[str, ...] | None = None
-            if f.name == "schedule_policy":
-                choices = SCHEDULE_POLICIES
-            elif f.name == "radix_eviction_policy":
-                choices = EVICTION_POLICIES
-            elif f.name == "quantization":
-                choices = QUANTIZATION_CHOICES
-            elif f.name == "router_policy":
-                choices = ROUTER_POLICIES
-            elif f.name == "cache_report_granularity":
-                choices = CACHE_REPORT_GRANULARITIES
-            elif f.name == "kv_cache_dtype":
-                choices = KV_CACHE_DTYPES
-            elif f.name == "hicache_write_policy":
-                choices = HICACHE_WRITE_POLICIES
-            parser.add_argument(flag, type=kind, default=default, choices=choices)
+        """Add one ``--flag-name`` per field, with its help, default and choices."""
+        flags.add_flags(parser, ServerArgs.flag_specs())
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> ServerArgs:
+        """Build from the namespace of a parser that `add_cli_args` set up."""
         return cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
 
     def to_dict(self) -> dict[str, Any]:

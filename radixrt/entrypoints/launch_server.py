@@ -132,7 +132,13 @@ class _Stop(Exception):
 
 
 def build_parser(prog: str = "python -m radixrt.entrypoints.launch_server") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Serve a model with radixrt (SGLang-style API).")
+    """The server's flags (one per ServerArgs field; docs/flags.md lists the same)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        usage="%(prog)s [--model-path PATH] [--port PORT] [--flag VALUE ...]",
+        description="Serve a model over HTTP with radixrt: SGLang's native API (/generate) and OpenAI's "
+        "(/v1/completions, /v1/chat/completions). Without --model-path: the embedded SmolLM2-135M-Instruct.",
+    )
     ServerArgs.add_cli_args(parser)
     return parser
 

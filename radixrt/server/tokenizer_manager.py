@@ -305,10 +305,12 @@ class TokenizerManager:
                 self.worker.send(AbortReq(treq.rid, "client disconnected"))
 
     def _report(self, track: _Tracker, state: ReqState) -> None:
-        """Hand a request that ended in the worker to the listeners (metrics), once."""
+        """Hand a request that ended in the worker to the listeners (metrics, --log-requests), once: its
+        result with ``timing`` and ``tenant``."""
         if self.listeners:
             final = track.result(state.created)
             final["timing"] = track.timing(state.created)
+            final["tenant"] = track.treq.tenant
             for hook in self.listeners:
                 hook(final)
 

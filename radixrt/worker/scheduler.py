@@ -37,6 +37,7 @@ from radixrt.transport.protocol import (
     WorkerInput,
     WorkerOutput,
 )
+from radixrt.worker.interval_log import IntervalLog, read_scheduler
 from radixrt.worker.kv_manager import KVManager, build_tree
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.output import OutputMixin
@@ -92,6 +93,7 @@ class Scheduler(OutputMixin):
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.stats = SchedulerStats(tenants=self.ledger)
         self.check_invariant_each_step = False
+        self.interval_log = IntervalLog(args.log_interval, lambda: read_scheduler(self))  # --log-interval
         self.grammar_waiting: list[Req] = []  # constrained requests whose grammar is compiling
         self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
         self._grammar: GrammarBackend | None = None
@@ -107,6 +109,7 @@ class Scheduler(OutputMixin):
                 for msg in msgs:
                     self.handle(msg)
                 self.step()
+                self.interval_log.tick(busy=not self.is_idle())
         finally:
             self.runner.close()
             self.kv.close()

@@ -25,6 +25,7 @@ from radixrt.server.http.metrics import REQUEST_TENANT, ServerMetrics
 from radixrt.server.http.streaming import collect
 from radixrt.server.http.tenants import coarsened, load_tenants, principal_of
 from radixrt.server.io_struct import GenerateReqInput
+from radixrt.server.request_log import log_request
 from radixrt.server.supervisor import WorkerSupervisor
 from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.transport.client import WorkerDeadError
@@ -69,6 +70,8 @@ class ServerContext:
         client.on_death = tm.fail_all
         metrics = ServerMetrics(name, tenants=tenants is not None)
         tm.listeners.append(metrics.on_finished)
+        if args.log_requests:
+            tm.listeners.append(log_request)
         client.on_restart = metrics.worker_restarts.inc
         client.warm_up = functools.partial(_warm_up_restarted, tm)
         return cls(args, model_path, name, tokenizer, client, info, tm, metrics, tenants)
