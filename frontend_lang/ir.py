@@ -118,6 +118,17 @@ def dtype_name(dtype: Any) -> str | None:
     return str(name)
 
 
+class TextLike:
+    """A value that stands for text without being a ``str`` (the tracer's ``Placeholder``): ``to_expr``
+    asks it for its expression, so this module need not know the tracer."""
+
+    __slots__ = ()
+
+    def as_expr(self) -> Expr:
+        """The expression this value appends to a program state."""
+        raise NotImplementedError
+
+
 class Expr:
     """Base of every expression; ``+`` builds an ``ExprList``."""
 
@@ -202,10 +213,8 @@ def to_expr(value: object) -> Expr:
         return Constant(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return Constant(str(value))
-    from frontend_lang.tracer import Placeholder  # a traced argument or variable
-
-    if isinstance(value, Placeholder):
-        return Constant(str(value))
+    if isinstance(value, TextLike):  # a traced argument or variable
+        return value.as_expr()
     raise TypeError(
         f"cannot append {type(value).__name__} to a program state (expected str or an expression)"
     )

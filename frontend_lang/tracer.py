@@ -29,6 +29,7 @@ from frontend_lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    TextLike,
     VarScopeBegin,
     VarScopeEnd,
 )
@@ -59,7 +60,7 @@ def tracing(executor: TracerExecutor) -> Iterator[None]:
         _TRACING.reset(token)
 
 
-class Placeholder:
+class Placeholder(TextLike):
     """A traced argument or variable: formats as a marker, any other use stops the trace."""
 
     __slots__ = ("kind", "name", "marker")
@@ -67,6 +68,9 @@ class Placeholder:
     def __init__(self, kind: str, name: str) -> None:
         self.kind, self.name = kind, name
         self.marker = f"\x00{kind}:{name}\x00"
+
+    def as_expr(self) -> Expr:
+        return Constant(self.marker)
 
     def __str__(self) -> str:
         return self.marker

@@ -12,15 +12,9 @@ import pytest
 import torch
 
 from radixrt.kernels.base import ForwardMode
+from radixrt.kernels.fp8 import dequantize_fp8, quantize_fp8
 from radixrt.kernels.torch_native import TorchNativeBackend
-from radixrt.mem_cache.kv_pool import (
-    FP8_DTYPES,
-    KVPool,
-    dequantize_fp8,
-    kv_storage_dtype,
-    pow2_scale,
-    quantize_fp8,
-)
+from radixrt.mem_cache.kv_pool import FP8_DTYPES, KVPool, kv_storage_dtype, pow2_scale
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from tests.engine_fixtures import make_engine, prompts_of
 

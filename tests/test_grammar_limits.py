@@ -214,7 +214,7 @@ def test_flooding_client_is_refused_and_does_not_starve_another(tiny_qwen2: Path
 
 
 def test_engine_refuses_a_compile_over_the_client_share_with_429(engine) -> None:
-    backend = engine.worker.call(lambda s: s.grammar)
+    backend = engine.worker.call(lambda s: s.grammars.backend)
     gate = gate_compiles(backend)
     assert engine.generate(prompt="x", sampling_params={"regex": "(yes|no|perhaps)"})["text"]
     result: dict[str, Any] = {}

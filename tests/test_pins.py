@@ -196,7 +196,7 @@ def test_pins_survive_eviction_pressure_and_count_as_locked() -> None:
     put(alloc, cache, list(range(10)), priority=-5)  # would be the first victim
     pid, tokens = cache.pin(list(range(10)), None, 60)
     assert tokens == 10 and pid == pin_id_of(None, tuple(range(10)))
-    assert (cache.pinned_size(), cache.protected_size(), cache.evictable_size()) == (10, 10, 0)
+    assert (cache.pins.pinned_size(), cache.protected_size(), cache.evictable_size()) == (10, 10, 0)
     rng = random.Random(0)
     for _ in range(30):  # far more than the pool: everything else churns
         cache.evict(64)
@@ -205,8 +205,8 @@ def test_pins_survive_eviction_pressure_and_count_as_locked() -> None:
     assert cached(cache, list(range(10))) == 10
     cache.evict(10_000)
     assert cache.total_size() == 10 and alloc.available_size() == alloc.total_slots - 10
-    assert cache.drop_pin(pid) and not cache.drop_pin(pid)
-    assert (cache.pinned_size(), cache.protected_size()) == (0, 0)
+    assert cache.pins.drop(pid) and not cache.pins.drop(pid)
+    assert (cache.pins.pinned_size(), cache.protected_size()) == (0, 0)
     assert cache.evict(100) == 10 and alloc.available_size() == alloc.total_slots
 
 
@@ -219,14 +219,14 @@ def test_ttl_expiry_is_lazy_and_hits_refresh() -> None:
     assert cache.evict(100) == 4  # [5,6] and [9,9]; the pinned [1..4] stays
     assert cached(cache, [1, 2, 3, 4]) == 4  # a full hit at 9.9: lives until 19.9
     clock.now = 15.0
-    assert cache.expire_pins() == 0 and cache.pinned_size() == 4
+    assert cache.pins.expire() == 0 and cache.pins.pinned_size() == 4
     cache.match_prefix([1, 2, 7])  # covers only part of the pin: no refresh
-    (view,) = cache.list_pins()
+    (view,) = cache.pins.live()
     assert view.tokens == 4 and view.expires_in_s == pytest.approx(4.9) and view.tenant is None
     clock.now = 20.0
-    assert cache.pinned_size() == 4  # expiry is lazy: nothing released until a sweep or an eviction
-    assert cache.evict(100) == 4 and cache.pinned_size() == 0 and cache.total_size() == 0
-    assert cache.list_pins() == []
+    assert cache.pins.pinned_size() == 4  # expiry is lazy: nothing released until a sweep or an eviction
+    assert cache.evict(100) == 4 and cache.pins.pinned_size() == 0 and cache.total_size() == 0
+    assert cache.pins.live() == []
     cache.check_integrity()
 
 
@@ -237,13 +237,13 @@ def test_repinning_extends_one_pin_and_overlapping_pins_share_tokens() -> None:
     a = cache.pin([1, 2, 3, 4, 5, 6], None, 5)
     assert cache.pin([1, 2, 3, 4, 5, 6], None, 50).pin_id == a.pin_id  # same prefix: one pin, later expiry
     b = cache.pin([1, 2, 3, 7, 8], None, 5)
-    assert b.pin_id != a.pin_id and cache.pinned_size() == 8  # the union: [1,2,3] counted once
+    assert b.pin_id != a.pin_id and cache.pins.pinned_size() == 8  # the union: [1,2,3] counted once
     cache.check_integrity()
     clock.now = 6
-    assert cache.expire_pins() == 1 and cache.pinned_size() == 6
-    assert [v.pin_id for v in cache.list_pins()] == [a.pin_id]
+    assert cache.pins.expire() == 1 and cache.pins.pinned_size() == 6
+    assert [v.pin_id for v in cache.pins.live()] == [a.pin_id]
     assert cache.evict(100) == 2 and cached(cache, [1, 2, 3, 7, 8]) == 3
-    assert cache.drop_pins() == 1 and cache.protected_size() == 0
+    assert cache.pins.drop_all() == 1 and cache.protected_size() == 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -259,7 +259,7 @@ def test_budget_holds_and_a_pin_that_does_not_fit_is_partial(page_size: int) -> 
     # 8 of second's 16 tokens are pinned already: 2 more fit (a page of 4 does not)
     res = cache.pin(second, None, 60)
     assert res.tokens == (10 if ps == 1 else 8) and res.pin_id == pin_id_of(None, tuple(second[: res.tokens]))
-    assert cache.pinned_size() <= 10
+    assert cache.pins.pinned_size() <= 10
     assert cache.pin([90] * 8, None, 60) == (None, 0)  # nothing left for an unpinned prefix
     assert cache.pin([77] * 8, None, 60) == (None, 0)  # not cached at all
     cache.check_integrity()
@@ -292,13 +292,13 @@ def test_tenant_pins_are_capped_by_their_quota_share_and_held_by_them() -> None:
     # budget 50 of 100: tenant b (quota 20) may pin 10, tenant a (quota 50) 25
     assert cache.pin(list(range(40)), "B", 60).tokens == 10
     assert cache.pin(list(range(40)), "A", 60).tokens == 25
-    assert (cache.tenant_pinned_size("a"), cache.tenant_pinned_size("b")) == (25, 10)
-    assert sorted((v.tenant, v.tokens) for v in cache.list_pins()) == [("a", 25), ("b", 10)]
+    assert (cache.pins.tenant_pinned_size("a"), cache.pins.tenant_pinned_size("b")) == (25, 10)
+    assert sorted((v.tenant, v.tokens) for v in cache.pins.live()) == [("a", 25), ("b", 10)]
     cache.evict(1000)
     assert (cache.tenant_size("a"), cache.tenant_size("b")) == (25, 10)  # pinned tokens stay held
     cache.check_integrity()
     cache.reset()  # a flush drops the pins too
-    assert cache.total_size() == 0 and cache.pinned_size() == 0
+    assert cache.total_size() == 0 and cache.pins.pinned_size() == 0
     assert alloc.available_size() == alloc.total_slots
 
 

@@ -21,7 +21,7 @@ import pytest
 from server_harness import ServerProcess, free_port, wait_idle
 
 from radixrt.config.server_args import ServerArgs
-from radixrt.entrypoints.launch_server import dp_server_flags
+from radixrt.entrypoints.data_parallel import dp_server_flags
 
 pytest_plugins = ["server_fixtures"]
 pytestmark = pytest.mark.skipif(

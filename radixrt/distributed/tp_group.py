@@ -1,4 +1,4 @@
-"""The tensor-parallel group: process start-up, rank 0's step broadcast, and the followers' loop.
+"""The tensor-parallel group: joining it, and rank 0's side (start the node's followers, broadcast steps).
 
 Rank 0 is the worker that owns the scheduler and every piece of bookkeeping (slot tables, RadixCache);
 ranks 1..N-1 (``follower`` processes) hold only their model shard and KV-pool shard. Each forward rank 0
@@ -9,7 +9,9 @@ disagree about what comes next.
 
 Single node: rank 0 spawns its followers. Several nodes (``--nnodes``, ``--node-rank``,
 ``--dist-init-addr``, SGLang's names): every node runs ``radixrt serve`` with the same flags; node 0 hosts
-rank 0 (the server), the other nodes only run their followers (`run_node_followers`).
+rank 0 (the server), the other nodes only run their followers. A follower's process (it builds a model
+runner, so it lives with the worker: `radixrt.worker.tp_follower`) reaches this module as the
+``follower`` entry its builder hands to `TPGroup`; this package never imports the worker.
 """
 
 from __future__ import annotations
@@ -17,12 +19,9 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import signal
 import socket
-import threading
-import time
+from collections.abc import Callable
 from datetime import timedelta
-from types import FrameType
 from typing import Any
 
 import torch
@@ -32,6 +31,10 @@ from radixrt.config.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 INIT_TIMEOUT = timedelta(minutes=5)
+
+# A follower rank's process entry: (ServerArgs.to_dict(), model path, global rank, parent pid or None).
+# Spawned processes pickle it, so it must be a module-level function.
+FollowerEntry = Callable[[dict[str, Any], str, int, int | None], None]
 
 
 def _free_port() -> int:
@@ -55,9 +58,10 @@ def init_group(args: ServerArgs, rank: int) -> None:
 
 
 class TPGroup:
-    """Rank 0's side of the group: it starts this node's followers and broadcasts each step."""
+    """Rank 0's side of the group: it starts this node's followers (running ``follower``) and broadcasts
+    each step."""
 
-    def __init__(self, args: ServerArgs, model_path: str) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, follower: FollowerEntry) -> None:
         if args.dist_init_addr is None:
             if args.nnodes > 1:
                 raise ValueError("dist_init_addr: several nodes need --dist-init-addr HOST:PORT")
@@ -65,7 +69,7 @@ class TPGroup:
         self.size = args.tp_size
         ctx = mp.get_context("spawn")
         self.procs = [
-            ctx.Process(target=follower_main, args=(args.to_dict(), model_path, r, os.getpid()), daemon=True)
+            ctx.Process(target=follower, args=(args.to_dict(), model_path, r, os.getpid()), daemon=True)
             for r in ranks_of_node(args)
             if r != 0
         ]
@@ -92,72 +96,3 @@ class TPGroup:
 
 def _send(cmd: tuple[str, Any]) -> None:
     dist.broadcast_object_list([cmd], src=0)
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """A follower whose rank 0 is gone (killed, crashed) must not linger in a collective forever."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-
-def follower_main(args_dict: dict[str, Any], model_path: str, rank: int, parent_pid: int | None) -> None:
-    """A follower rank's process: build its shard (joining the group), then run rank 0's commands."""
-    from radixrt.worker.model_runner import ModelRunner
-
-    logging.basicConfig(level=args_dict.get("log_level", "info").upper())
-    if parent_pid is not None:
-        threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-    args = ServerArgs(**args_dict)
-    torch.set_num_threads(max(1, torch.get_num_threads() // max(1, len(ranks_of_node(args)))))
-    runner = ModelRunner(args, model_path, tp_rank=rank)
-    follow(runner)
-
-
-@torch.inference_mode()
-def follow(runner: Any) -> None:
-    """Run rank 0's commands until it says stop."""
-    while True:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0)
-        kind, payload = box[0]
-        if kind == "forward":
-            md, ids, positions = payload
-            runner.backend.init_forward_metadata(md)
-            runner.model(ids, positions, runner.backend, md)
-        elif kind == "logits":
-            runner.model.logits(payload)
-        elif kind == "stop":
-            break
-        else:
-            raise RuntimeError(f"tensor parallel: unknown command {kind!r}")
-    dist.destroy_process_group()
-
-
-def run_node_followers(args: ServerArgs, model_path: str) -> int:
-    """``--node-rank > 0``: run this node's followers in the foreground until rank 0 stops them.
-
-    Returns 0 when they stopped on rank 0's command or on SIGTERM / SIGINT here (which ends them), else
-    the worst exit code. The followers exit on their own if this process dies."""
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=follower_main, args=(args.to_dict(), model_path, r, os.getpid()))
-        for r in ranks_of_node(args)
-    ]
-    stopped = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopped.set()
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    return 0 if stopped.is_set() else max(abs(p.exitcode or 0) for p in procs)

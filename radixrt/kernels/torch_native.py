@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from radixrt.kernels import cpu_decode
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata, KVStore
-from radixrt.mem_cache.kv_pool import dequantize_fp8
+from radixrt.kernels.fp8 import dequantize_fp8
 
 logger = logging.getLogger(__name__)
 

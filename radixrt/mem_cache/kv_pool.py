@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from radixrt.kernels.fp8 import is_fp8, quantize_fp8
+
 KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")
 FP8_DTYPES = {"fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e4m3fn}
 # e4m3 scales leave this much headroom over the calibrated |K|/|V| maxima (values past it saturate).
@@ -25,33 +27,10 @@ def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dty
     return FP8_DTYPES[kv_cache_dtype]
 
 
-def is_fp8(dtype: torch.dtype) -> bool:
-    return dtype in (torch.float8_e5m2, torch.float8_e4m3fn)
-
-
 def pow2_scale(amax: torch.Tensor, fmax: float, headroom: float = E4M3_HEADROOM) -> torch.Tensor:
     """The smallest power of two ``s`` with ``amax * headroom / s <= fmax`` (1 where amax is 0)."""
     want = (amax.float() * headroom / fmax).clamp_min(2.0**-30)
     return torch.exp2(torch.ceil(torch.log2(want)))
-
-
-def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x / scale`` (``scale`` broadcasts over ``x``'s heads: ``[KVH]`` for ``x [T, KVH, D]``) cast to
-    ``dtype``, saturating instead of overflowing to inf / NaN."""
-    fmax = torch.finfo(dtype).max
-    y = x.float() if scale is None else x.float() / scale[:, None]
-    return y.clamp(-fmax, fmax).to(dtype)
-
-
-def dequantize_fp8(x: torch.Tensor) -> torch.Tensor:
-    """Float8 ``x`` widened to float32, exactly, by moving its bits into a float16: e5m2 is the top byte of
-    a float16; e4m3's magnitude bits placed under the float16 exponent give the value / 256 (subnormals
-    included). torch's own float8 -> wider casts are scalar loops on CPU, several times slower."""
-    u = x.view(torch.uint8).to(torch.int16)
-    if x.dtype == torch.float8_e5m2:
-        return (u << 8).view(torch.float16).float()
-    assert x.dtype == torch.float8_e4m3fn, x.dtype
-    return (((u & 0x7F) << 7) | ((u & 0x80) << 8)).view(torch.float16).float() * 256.0
 
 
 class KVPool:

@@ -7,9 +7,13 @@ prefix does, and ``pin_ref`` on every node of the prefix counts the pins coverin
 the union of the pinned prefixes; they are capped by ``max_pinned_tokens`` (and, with tenants, each
 tenant by that share of its KV quota): a pin that does not fit pins the longest page-aligned prefix
 that does. A match that covers a whole pinned prefix refreshes its expiry; expired pins are released
-lazily, at eviction and at every ``expire_pins`` sweep. Pins live in the request's namespace
+lazily, at eviction and at every ``expire`` sweep. Pins live in the request's namespace
 (tenant + salt) and are identified by a hash of the namespace and the pinned tokens, so pinning the
 same prefix twice extends one pin.
+
+The cache owns a `PinTable` (``RadixCache.pins``): the cache finds and locks the prefix to pin
+(``RadixCache.pin``), the table keeps the pins, their counts and expiries, and unlocks through the
+cache when a pin ends.
 """
 
 from __future__ import annotations
@@ -19,12 +23,9 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from radixrt.mem_cache.tree_node import TenantShares, TreeNode, as_tuple, common_prefix_len
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+from radixrt.mem_cache.tree_node import TenantShares, TreeNode, child_key, common_prefix_len
 
 DEFAULT_TTL_S = 300.0  # Anthropic's default ephemeral TTL ("5m")
 MAX_TTL_S = 86400.0
@@ -98,108 +99,108 @@ class PinView(NamedTuple):
     tenant: str | None
 
 
-class PinnedPrefixes:
-    """The pin half of the RadixCache (a mixin; the cache calls ``_init_pins`` and the hooks below)."""
+def pinnable_prefix(root: TreeNode, key: tuple[int, ...], page_size: int) -> tuple[int, int]:
+    """(device-resident page-aligned match length of ``key`` under ``root``, the pinned part of it); reads
+    the tree only (no splits, no access stamps)."""
+    node, i, pinned = root, 0, 0
+    while i < len(key):
+        child = node.children.get(child_key(key, i, page_size))
+        if child is None or child.value is None:
+            break
+        klen = len(child.key)
+        m = common_prefix_len(child.key, key[i : i + klen])
+        m -= m % page_size
+        if m == 0:
+            break
+        i += m
+        if child.pin_ref:
+            pinned = i
+        node = child
+        if m < klen:
+            break
+    return i, pinned
 
-    max_pinned_tokens: int
-    pin_clock: Callable[[], float]
-    _pins: dict[str, Pin]
-    _pins_at: dict[TreeNode, list[Pin]]
-    _pin_tokens: int
-    _tenant_pin_tokens: dict[str | None, int]
-    _next_expiry: float
 
-    if TYPE_CHECKING:  # provided by RadixCache
-        page_size: int
-        disable: bool
-        shares: TenantShares | None
-        _roots: dict[str | None, TreeNode]
-        _clock: int
+class PinTable:
+    """The TTL pins of one RadixCache: which nodes they end on, how many tokens they cover (in all and per
+    tenant), when they expire. ``lock`` / ``unlock`` are the cache's node locks (a pin holds one)."""
 
-        def inc_lock_ref(self, node: TreeNode) -> None: ...
-
-        def dec_lock_ref(self, node: TreeNode) -> None: ...
-
-        def _aligned(self, key: tuple[int, ...]) -> tuple[int, ...]: ...
-
-        def _child_key(self, key: tuple[int, ...], start: int = 0) -> int | tuple[int, ...]: ...
-
-        def _walk(
-            self, root: TreeNode, key: tuple[int, ...], now: int
-        ) -> tuple[TreeNode, int, list[TreeNode]]: ...
-
-    def _init_pins(self, max_pinned_tokens: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        max_pinned_tokens: int,
+        clock: Callable[[], float],
+        lock: Callable[[TreeNode], None],
+        unlock: Callable[[TreeNode], None],
+    ) -> None:
         if max_pinned_tokens < 0:
             raise ValueError(f"max_pinned_tokens: must be >= 0, got {max_pinned_tokens}")
         self.max_pinned_tokens = max_pinned_tokens
-        self.pin_clock = clock
-        self._pins = {}
-        self._pins_at = {}
+        self.clock = clock
+        self._lock = lock
+        self._unlock = unlock
+        self._pins: dict[str, Pin] = {}
+        self._pins_at: dict[TreeNode, list[Pin]] = {}
         self._pin_tokens = 0
-        self._tenant_pin_tokens = {}
+        self._tenant_pin_tokens: dict[str | None, int] = {}
         self._next_expiry = math.inf
 
     # ---- public API -------------------------------------------------------------------------------
 
-    def pin(self, key: Sequence[int], cache_salt: str | None, ttl_s: float) -> PinResult:
-        """Pin the longest page-aligned, device-resident prefix of ``key`` that the budget allows for
-        ``ttl_s`` seconds (an existing pin of the same prefix gets the later expiry)."""
-        root = self._roots.get(cache_salt)
-        if self.disable or root is None or ttl_s <= 0:
-            return PinResult(None, 0)
-        tkey = self._aligned(as_tuple(key))
-        matched, pinned = self._measure(root, tkey)
-        room = self._pin_room(root.tenant)
-        target = min(matched, pinned + room - room % self.page_size)
-        if target <= 0:
-            return PinResult(None, 0)
-        self._clock += 1
-        node, walked, _ = self._walk(root, tkey[:target], self._clock)
-        assert walked == target and node.value is not None
-        pin_id = pin_id_of(cache_salt, tkey[:target])
-        expires = self.pin_clock() + ttl_s
+    def add(self, pin_id: str, node: TreeNode, tokens: int, ttl_s: float, tenant: str | None) -> PinResult:
+        """Pin the ``tokens``-long prefix ending at device node ``node`` for ``ttl_s`` seconds (an existing
+        pin ``pin_id`` gets the later expiry). The caller sized it with `room`."""
+        expires = self.clock() + ttl_s
         pin = self._pins.get(pin_id)
         if pin is None:
-            pin = self._pins[pin_id] = Pin(pin_id, node, target, ttl_s, expires, root.tenant)
+            pin = self._pins[pin_id] = Pin(pin_id, node, tokens, ttl_s, expires, tenant)
             self._pins_at.setdefault(node, []).append(pin)
-            self.inc_lock_ref(node)
+            self._lock(node)
             self._add_pin_ref(node, 1)
         else:
             pin.ttl_s, pin.expires_at = max(pin.ttl_s, ttl_s), max(pin.expires_at, expires)
         self._next_expiry = min(self._next_expiry, pin.expires_at)
-        return PinResult(pin_id, target)
+        return PinResult(pin_id, tokens)
 
-    def expire_pins(self) -> int:
+    def room(self, tenant: str | None, shares: TenantShares | None) -> int:
+        """Tokens that may still be pinned for ``tenant``: the global budget, and with tenant ``shares``
+        the same fraction of the tenant's KV quota."""
+        room = self.max_pinned_tokens - self._pin_tokens
+        if shares is not None:
+            share = self.max_pinned_tokens * shares.quota_tokens(tenant) // max(shares.total, 1)
+            room = min(room, share - self.tenant_pinned_size(tenant))
+        return max(room, 0)
+
+    def expire(self) -> int:
         """Release the pins whose time is up; returns how many. Cheap when none is due."""
-        now = self.pin_clock()
+        now = self.clock()
         if now < self._next_expiry:
             return 0
         due = [p for p in self._pins.values() if p.expires_at <= now]
         for p in due:
-            self._release_pin(p)
+            self._release(p)
         self._next_expiry = min((p.expires_at for p in self._pins.values()), default=math.inf)
         return len(due)
 
-    def list_pins(self) -> list[PinView]:
+    def live(self) -> list[PinView]:
         """The live pins (expired ones are released first), soonest expiry first."""
-        self.expire_pins()
-        now = self.pin_clock()
+        self.expire()
+        now = self.clock()
         pins = sorted(self._pins.values(), key=lambda p: (p.expires_at, p.pin_id))
         return [PinView(p.pin_id, p.tokens, p.expires_at - now, p.tenant) for p in pins]
 
-    def drop_pin(self, pin_id: str) -> bool:
+    def drop(self, pin_id: str) -> bool:
         """Release one pin now; False when there is no such pin."""
         pin = self._pins.get(pin_id)
         if pin is None:
             return False
-        self._release_pin(pin)
+        self._release(pin)
         return True
 
-    def drop_pins(self) -> int:
+    def drop_all(self) -> int:
         """Release every pin; returns how many there were."""
         pins = list(self._pins.values())
         for p in pins:
-            self._release_pin(p)
+            self._release(p)
         self._next_expiry = math.inf
         return len(pins)
 
@@ -213,16 +214,16 @@ class PinnedPrefixes:
 
     # ---- hooks of the RadixCache ------------------------------------------------------------------
 
-    def _refresh_pins(self, path: list[TreeNode]) -> None:
+    def refresh(self, path: list[TreeNode]) -> None:
         """A match walked ``path``: every pin ending on it was hit as a whole and lives ``ttl_s`` more."""
         if not self._pins_at:
             return
-        now = self.pin_clock()
+        now = self.clock()
         for node in path:
             for p in self._pins_at.get(node, ()):
                 p.expires_at = max(p.expires_at, now + p.ttl_s)
 
-    def _check_pins(self, nodes: list[TreeNode]) -> None:
+    def check(self, nodes: list[TreeNode]) -> None:
         """Recompute pin counts over ``nodes`` (every node of the tree); AssertionError on a mismatch."""
         refs: dict[TreeNode, int] = {}
         for p in self._pins.values():
@@ -249,35 +250,6 @@ class PinnedPrefixes:
 
     # ---- internals --------------------------------------------------------------------------------
 
-    def _measure(self, root: TreeNode, key: tuple[int, ...]) -> tuple[int, int]:
-        """(device-resident page-aligned match length of ``key``, the pinned part of it), no splits."""
-        node, i, pinned = root, 0, 0
-        while i < len(key):
-            child = node.children.get(self._child_key(key, i))
-            if child is None or child.value is None:
-                break
-            klen = len(child.key)
-            m = common_prefix_len(child.key, key[i : i + klen])
-            m -= m % self.page_size
-            if m == 0:
-                break
-            i += m
-            if child.pin_ref:
-                pinned = i
-            node = child
-            if m < klen:
-                break
-        return i, pinned
-
-    def _pin_room(self, tenant: str | None) -> int:
-        """Tokens that may still be pinned for ``tenant``: the global budget, and with tenant shares
-        the same fraction of the tenant's KV quota."""
-        room = self.max_pinned_tokens - self._pin_tokens
-        if self.shares is not None:
-            share = self.max_pinned_tokens * self.shares.quota_tokens(tenant) // max(self.shares.total, 1)
-            room = min(room, share - self.tenant_pinned_size(tenant))
-        return max(room, 0)
-
     def _add_pin_ref(self, node: TreeNode, delta: int) -> None:
         while node.parent is not None:
             before = node.pin_ref
@@ -288,11 +260,11 @@ class PinnedPrefixes:
                 self._tenant_pin_tokens[node.tenant] = self._tenant_pin_tokens.get(node.tenant, 0) + size
             node = node.parent
 
-    def _release_pin(self, pin: Pin) -> None:
+    def _release(self, pin: Pin) -> None:
         del self._pins[pin.pin_id]
         at = self._pins_at[pin.node]
         at.remove(pin)
         if not at:
             del self._pins_at[pin.node]
         self._add_pin_ref(pin.node, -1)
-        self.dec_lock_ref(pin.node)
+        self._unlock(pin.node)

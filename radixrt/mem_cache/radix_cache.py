@@ -7,8 +7,8 @@ used first. Every ``cache_salt`` (namespace) gets its own root, so tenants never
 
 Requests carry a priority (default 0): the nodes a request inserts or matches take the larger of theirs
 and its; with ``eviction_policy="priority"`` lower priorities are evicted first, least recently used
-first within a priority. TTL pins (`PinnedPrefixes`, ``pins.py``) keep prefixes from eviction until they
-expire.
+first within a priority. TTL pins (``pin``; the cache's `PinTable` ``pins``, ``pins.py``) keep prefixes
+from eviction until they expire.
 
 With tenants, every node records its tenant and the tree counts each tenant's tokens. Given the tenants'
 shares (`TenantShares`), eviction takes the leaves of tenants over their KV quota first (least recently
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from radixrt.mem_cache.pins import PinnedPrefixes, PinResult, PinView
+from radixrt.mem_cache.pins import PinResult, PinTable, PinView, pin_id_of, pinnable_prefix
 from radixrt.mem_cache.tree_node import (
     CacheStats,
     MatchResult,
@@ -35,6 +35,7 @@ from radixrt.mem_cache.tree_node import (
     TenantShares,
     TreeNode,
     as_tuple,
+    child_key,
     common_prefix_len,
 )
 
@@ -45,10 +46,11 @@ __all__ = [
 _EVICTION_POLICIES = ("lru", "lfu", "priority")
 
 
-class RadixCache(PinnedPrefixes):
+class RadixCache:
     """Radix tree over token ids whose nodes own KV slots; see the module docstring.
 
-    ``max_pinned_tokens`` caps the TTL pins; ``clock`` (seconds, monotonic) times them.
+    ``max_pinned_tokens`` caps the TTL pins; ``clock`` (seconds, monotonic) times them. ``pin`` pins a
+    prefix; ``pins`` (`PinTable`) lists, drops, expires and counts the pins.
     """
 
     def __init__(
@@ -73,14 +75,14 @@ class RadixCache(PinnedPrefixes):
         self.tenant_evicted: dict[str | None, int] = {}
         self._empty = torch.empty(0, dtype=torch.int64)
         self._clock = 0
-        self._init_pins(max_pinned_tokens, clock)
+        self.pins = PinTable(max_pinned_tokens, clock, self.inc_lock_ref, self.dec_lock_ref)
         self._clear()
 
     # ---- public API -------------------------------------------------------------------------------
 
     def reset(self) -> None:
         """Drop every pin and node and free its slots; the caller guarantees no request holds a lock."""
-        self.drop_pins()
+        self.pins.drop_all()
         if self._protected:
             raise RuntimeError(f"reset() with {self._protected} locked tokens")
         values = [
@@ -115,7 +117,7 @@ class RadixCache(PinnedPrefixes):
             n.hit_count += 1
             if priority is not None and n.priority < priority:
                 n.priority = priority
-        self._refresh_pins(path)
+        self.pins.refresh(path)
         dev = next((i for i, n in enumerate(path) if n.value is None), len(path))
         values = [n.value for n in path[:dev] if n.value is not None]
         self.stats.cached_tokens += sum(len(v) for v in values)
@@ -180,6 +182,23 @@ class RadixCache(PinnedPrefixes):
             self._on_new_leaf(leaf)
         return prefix_len
 
+    def pin(self, key: Sequence[int], cache_salt: str | None, ttl_s: float) -> PinResult:
+        """Pin the longest page-aligned, device-resident prefix of ``key`` that the pin budget allows for
+        ``ttl_s`` seconds (an existing pin of the same prefix gets the later expiry)."""
+        root = self._roots.get(cache_salt)
+        if self.disable or root is None or ttl_s <= 0:
+            return PinResult(None, 0)
+        tkey = self._aligned(as_tuple(key))
+        matched, pinned = pinnable_prefix(root, tkey, self.page_size)
+        room = self.pins.room(root.tenant, self.shares)
+        target = min(matched, pinned + room - room % self.page_size)
+        if target <= 0:
+            return PinResult(None, 0)
+        self._clock += 1
+        node, walked, _ = self._walk(root, tkey[:target], self._clock)
+        assert walked == target and node.value is not None
+        return self.pins.add(pin_id_of(cache_salt, tkey[:target]), node, target, ttl_s, root.tenant)
+
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock ``node`` and its ancestors against eviction (the root never counts); all on the device."""
         assert node.parent is None or node.value is not None, f"locking {node!r}, which is not on the device"
@@ -222,7 +241,7 @@ class RadixCache(PinnedPrefixes):
         running requests progress); ``only`` restricts eviction to that tenant's leaves. Expired pins are
         released first; live ones are locks, never evicted.
         """
-        self.expire_pins()
+        self.pins.expire()
         if num_tokens <= 0 or not self._evictable_leaves:
             return 0
         running = self.shares.running_tokens() if self.shares is not None else {}
@@ -333,7 +352,7 @@ class RadixCache(PinnedPrefixes):
         if values:
             slots = torch.cat(values)
             assert torch.unique(slots).numel() == slots.numel(), "a slot is owned by two nodes"
-        self._check_pins(every)
+        self.pins.check(every)
 
     def pretty_print(self) -> str:
         """A readable dump of every namespace (for debugging)."""
@@ -371,7 +390,7 @@ class RadixCache(PinnedPrefixes):
         return key if ps == 1 or len(key) % ps == 0 else key[: len(key) // ps * ps]
 
     def _child_key(self, key: tuple[int, ...], start: int = 0) -> int | tuple[int, ...]:
-        return key[start] if self.page_size == 1 else key[start : start + self.page_size]
+        return child_key(key, start, self.page_size)
 
     def _policy_key(self, node: TreeNode) -> tuple[int | float, ...]:
         """Eviction order among a tenant class: the smallest key goes first."""

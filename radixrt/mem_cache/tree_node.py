@@ -135,6 +135,11 @@ def as_tuple(key: Sequence[int]) -> tuple[int, ...]:
     return tuple(tolist()) if tolist is not None else tuple(key)
 
 
+def child_key(key: tuple[int, ...], start: int, page_size: int) -> int | tuple[int, ...]:
+    """The key of the child that ``key[start:]`` continues into: its first token, or its first page."""
+    return key[start] if page_size == 1 else key[start : start + page_size]
+
+
 def common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """Length of the common prefix of ``a`` and ``b``, comparing slices in C instead of token by token."""
     lo, hi = 0, min(len(a), len(b))

@@ -14,13 +14,16 @@
    and lie beyond ``kv_len``, so they never reach the RadixCache.
 
 Requests with a grammar or with logprobs requested are never drafted (draft length 0): in a
-speculative step they take one token through the scheduler's own ``_sample_and_append``, exactly as
+speculative step they take one token through the scheduler's own ``sample_and_append``, exactly as
 in plain decoding. Penalties and min_new_tokens are applied per verify row (see ``verify``).
+
+The step sees the scheduler only through `DecodeTarget` (the model runner, KV, counters and the output
+path: the scheduler's `OutputProcessor`); the scheduler settles the step's requests after it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -29,11 +32,34 @@ from radixrt.kernels.base import ForwardMode
 from radixrt.speculative.ngram import NgramIndex
 from radixrt.speculative.verify import verify, verify_info
 from radixrt.worker.kv_manager import KVManager
-from radixrt.worker.model_runner import ForwardInput
+from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.req import Req
+from radixrt.worker.stats import SchedulerStats
 
-if TYPE_CHECKING:
-    from radixrt.worker.scheduler import Scheduler
+
+class DecodeTarget(Protocol):
+    """What a speculative step uses of the scheduler (its `OutputProcessor` provides all of it)."""
+
+    @property
+    def runner(self) -> ModelRunner: ...
+
+    @property
+    def kv(self) -> KVManager: ...
+
+    @property
+    def stats(self) -> SchedulerStats: ...
+
+    @property
+    def eos_ids(self) -> set[int]: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        """Sample and append one token per request, exactly as a plain decode step does."""
+
+    def check_finished(self, req: Req, tok: int) -> None:
+        """Set ``req.finish_reason`` if the token just appended ends it."""
 
 
 def can_draft(req: Req) -> bool:
@@ -87,21 +113,21 @@ class NgramSpeculator:
             ids = {id(r) for r in live}
             self._index = {rid: e for rid, e in self._index.items() if id(e[0]) in ids}
 
-    def step(self, sched: Scheduler) -> bool:
-        """Run one speculative decode step over ``sched.running``; False (nothing done) when no
-        request has a draft or the drafts do not fit in KV memory: the caller then decodes plainly."""
-        reqs = list(sched.running)
-        drafts = [self.draft(r, sched.runner.context_len) for r in reqs]
+    def step(self, reqs: list[Req], target: DecodeTarget) -> bool:
+        """Run one speculative decode step over the running requests ``reqs``; False (nothing done) when
+        no request has a draft or the drafts do not fit in KV memory: the caller then decodes plainly.
+        After True the caller settles ``reqs`` as after a decode step (finish, report)."""
+        drafts = [self.draft(r, target.runner.context_len) for r in reqs]
         self._prune(reqs)
         if not any(drafts):
             return False
-        kv = sched.kv
+        kv = target.kv
         if sum(kv.pages_needed(r, 1 + len(d)) for r, d in zip(reqs, drafts, strict=True)) > kv.available():
             return False
         for r, d in zip(reqs, drafts, strict=True):
             ok = kv.alloc(r, 1 + len(d))
             assert ok, "speculative slot allocation failed after the capacity check"
-        logits = self._forward(sched, reqs, drafts)
+        logits = self._forward(target.runner, reqs, drafts)
         starts: list[int] = []
         offset = 0
         for d in drafts:
@@ -112,12 +138,12 @@ class NgramSpeculator:
             preqs = [reqs[i] for i in plain]
             for r in preqs:
                 r.kv_len += 1
-            sched._sample_and_append(preqs, logits[[starts[i] for i in plain]])
+            target.sample_and_append(preqs, logits[[starts[i] for i in plain]])
         drafted = [i for i, d in enumerate(drafts) if d]
         dreqs, ddrafts = [reqs[i] for i in drafted], [drafts[i] for i in drafted]
         rows = torch.cat([torch.arange(starts[i], starts[i] + 1 + len(drafts[i])) for i in drafted])
-        info = verify_info(dreqs, ddrafts, sched.eos_ids, sched.vocab_size)
-        stats = sched.stats
+        info = verify_info(dreqs, ddrafts, target.eos_ids, target.vocab_size)
+        stats = target.stats
         for r, d, toks in zip(dreqs, ddrafts, verify(logits[rows], info, ddrafts), strict=True):
             computed_end = r.kv_len + 1 + len(d)
             emitted = 0
@@ -125,7 +151,7 @@ class NgramSpeculator:
                 r.output_ids.append(tok)
                 r.pending_out.append(tok)
                 emitted += 1
-                sched._check_finished(r, tok)
+                target.check_finished(r, tok)
                 if r.finish_reason is not None:
                     break
             # KV is valid for the previous last token and every accepted draft token before the
@@ -136,11 +162,10 @@ class NgramSpeculator:
             stats.spec_draft_tokens += len(d)
             stats.spec_accepted_tokens += emitted - 1
         stats.spec_verify_steps += 1
-        sched._settle_decode(reqs)
         return True
 
     @staticmethod
-    def _forward(sched: Scheduler, reqs: list[Req], drafts: list[list[int]]) -> torch.Tensor:
+    def _forward(runner: ModelRunner, reqs: list[Req], drafts: list[list[int]]) -> torch.Tensor:
         """One EXTEND forward of ``[last token] + draft`` per request; logits ``[sum(1 + d), V]``."""
         ids: list[int] = []
         positions: list[torch.Tensor] = []
@@ -156,4 +181,4 @@ class NgramSpeculator:
             ids,
             torch.cat(positions),
         )
-        return sched.runner.logits(sched.runner.forward(fi))
+        return runner.logits(runner.forward(fi))

@@ -235,12 +235,12 @@ class KVManager:
         """Answer an admin pin request: the live pins, or release one (ok False when unknown) or all."""
         tree = self.tree
         if isinstance(msg, ListPinsReq):
-            pins = [PinInfo(p.pin_id, p.tokens, round(p.expires_in_s, 3), p.tenant) for p in tree.list_pins()]
+            pins = [PinInfo(p.pin_id, p.tokens, round(p.expires_in_s, 3), p.tenant) for p in tree.pins.live()]
             return StatsOut(pins=pins)
         if msg.pin_id is None:
-            dropped = tree.drop_pins()
+            dropped = tree.pins.drop_all()
             return StatsOut(message=f"dropped {dropped} pins", stats={"dropped": float(dropped)})
-        if not tree.drop_pin(msg.pin_id):
+        if not tree.pins.drop(msg.pin_id):
             return StatsOut(ok=False, message=f"pin_id: no pin {msg.pin_id!r}")
         return StatsOut(message="dropped 1 pin", stats={"dropped": 1.0})
 
@@ -264,7 +264,7 @@ class KVManager:
         assert evictable + protected == tree.total_size(), "tree sizes disagree"
         if isinstance(tree, HiRadixCache):
             tree.check_tiers(idle)
-        pinned = tree.pinned_size()
+        pinned = tree.pins.pinned_size()
         assert pinned <= protected, f"pinned {pinned} > locked {protected}"
         in_use = sum(self.owned_slots(r) for r in live)
         free = self.allocator.available_size()

@@ -11,10 +11,11 @@ import torch.distributed as dist
 
 from radixrt.config.server_args import ServerArgs
 from radixrt.distributed.tensor_parallel import check_divisible, shard_model
-from radixrt.distributed.tp_group import TPGroup, init_group, ranks_of_node
+from radixrt.distributed.tp_group import FollowerEntry, TPGroup, init_group, ranks_of_node
 from radixrt.kernels.base import AttentionMetadata, ForwardMode, get_backend_class
+from radixrt.kernels.fp8 import is_fp8
 from radixrt.mem_cache.allocator import TokenSlotAllocator
-from radixrt.mem_cache.kv_pool import KVPool, is_fp8, kv_storage_dtype
+from radixrt.mem_cache.kv_pool import KVPool, kv_storage_dtype
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
 from radixrt.models.config import ModelConfig, cpu_has_native_bf16
 from radixrt.models.gguf import gguf_source
@@ -40,11 +41,22 @@ class ForwardInput:
 
 
 class ModelRunner:
-    """Loads the checkpoint and sizes the KV pool; ``forward`` runs the model on a ForwardInput."""
+    """Loads the checkpoint and sizes the KV pool; ``forward`` runs the model on a ForwardInput.
 
-    def __init__(self, args: ServerArgs, model_path: str | Path, tp_rank: int = 0) -> None:
+    With ``--tp-size`` > 1, rank 0 starts this node's other ranks, each running ``tp_follower`` (the
+    worker's `radixrt.worker.tp_follower.follower_main`, handed in by whoever builds rank 0's runner).
+    """
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_path: str | Path,
+        tp_rank: int = 0,
+        tp_follower: FollowerEntry | None = None,
+    ) -> None:
         self.args = args
         self.tp_rank = tp_rank
+        self.tp_follower = tp_follower
         self.device = resolve_device(args.device)
         self.config = ModelConfig.from_dir(model_path, dtype=resolve_dtype(args.dtype, self.device))
         cfg = self.config
@@ -139,8 +151,10 @@ class ModelRunner:
         cfg = self.config
         check_divisible(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, args.tp_size)
         if self.tp_rank == 0:
+            if self.tp_follower is None:
+                raise ValueError("tp_size: rank 0 needs the follower entry to start the other ranks")
             torch.set_num_threads(max(1, torch.get_num_threads() // len(ranks_of_node(args))))
-            self.tp = TPGroup(args, str(model_path))
+            self.tp = TPGroup(args, str(model_path), self.tp_follower)
         else:
             init_group(args, self.tp_rank)
         shard_model(self.model, self.tp_rank, args.tp_size)

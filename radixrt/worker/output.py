@@ -1,7 +1,7 @@
 """The output half of a scheduler step: sample, advance grammars, detect finishes, report tokens.
 
-A mixin of ``Scheduler`` (kept apart so each file stays one concern): it reads the scheduler's state
-declared below and never schedules anything itself.
+`OutputProcessor` is owned by the ``Scheduler`` (kept apart so each file stays one concern): it changes
+requests and reports them, and never schedules anything itself.
 """
 
 from __future__ import annotations
@@ -22,27 +22,39 @@ from radixrt.worker.req import Req
 from radixrt.worker.stats import SchedulerStats
 
 if TYPE_CHECKING:
-    from radixrt.constrained.grammar import GrammarBackend
+    from radixrt.worker.grammar_queue import GrammarQueue
     from radixrt.worker.model_runner import ModelRunner
 
 
-class OutputMixin:
-    """Sampling, logprobs, finishing and emitting for the Scheduler."""
+class OutputProcessor:
+    """Sampling, logprobs, finishing and emitting for the scheduler.
 
-    args: ServerArgs
-    runner: ModelRunner
-    kv: KVManager
-    stats: SchedulerStats
-    eos_ids: set[int]
-    vocab_size: int
-    by_rid: dict[str, Req]
-    send: Callable[[WorkerOutput], None]
+    ``by_rid`` is the scheduler's own table (a finished request leaves it when it is emitted);
+    ``grammars`` holds the scheduler's grammar backend (built on first use).
+    """
 
-    @property
-    def grammar(self) -> GrammarBackend:
-        raise NotImplementedError
+    def __init__(
+        self,
+        args: ServerArgs,
+        runner: ModelRunner,
+        kv: KVManager,
+        stats: SchedulerStats,
+        eos_ids: set[int],
+        by_rid: dict[str, Req],
+        send: Callable[[WorkerOutput], None],
+        grammars: GrammarQueue,
+    ) -> None:
+        self.args = args
+        self.runner = runner
+        self.kv = kv
+        self.stats = stats
+        self.eos_ids = eos_ids
+        self.vocab_size = runner.config.vocab_size
+        self.by_rid = by_rid
+        self.send = send
+        self.grammars = grammars
 
-    def _input_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
+    def input_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
         """Prompt logprobs: logits at position p score token p+1 (position 0 gets None)."""
         first = req.logprob_start_len
         prompt_len = len(req.origin_input_ids)
@@ -67,7 +79,9 @@ class OutputMixin:
         if start + req.extend_len >= prompt_len:
             req.input_logprobs_done = True
 
-    def _sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+    def sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        """Sample one token per request from its ``logits`` row (grammar masks, min_new_tokens bans,
+        logprobs when asked for) and append it (`append_tokens`)."""
         banned = [
             sorted(self.eos_ids | set(r.params.stop_token_ids))
             if len(r.output_ids) < r.params.min_new_tokens
@@ -88,7 +102,7 @@ class OutputMixin:
         constrained = sum(g is not None for g in grammars)
         if constrained:
             t0 = time.perf_counter()
-            masked = self.grammar.apply_masks(logits, grammars)
+            masked = self.grammars.backend.apply_masks(logits, grammars)
             self.stats.grammar_mask_seconds += time.perf_counter() - t0
             self.stats.grammar_masked_rows += constrained
             next_ids = sample(masked, info)
@@ -105,9 +119,9 @@ class OutputMixin:
                     k = req.top_logprobs_num
                     vals, ids = res.top_logprobs[j, :k].tolist(), res.top_ids[j, :k].tolist()
                     req.pending_top_logprobs.append(list(zip(vals, ids, strict=True)))
-        self._append_tokens(reqs, next_ids)
+        self.append_tokens(reqs, next_ids)
 
-    def _append_tokens(self, reqs: list[Req], next_ids: torch.Tensor) -> None:
+    def append_tokens(self, reqs: list[Req], next_ids: torch.Tensor) -> None:
         """Append each request's next token, then advance its grammar or check whether it finished."""
         for req, tok in zip(reqs, next_ids.tolist(), strict=True):
             req.output_ids.append(tok)
@@ -116,7 +130,7 @@ class OutputMixin:
             if req.grammar is not None:
                 self._advance_grammar(req, tok)
             else:
-                self._check_finished(req, tok)
+                self.check_finished(req, tok)
 
     def _advance_grammar(self, req: Req, tok: int) -> None:
         """Feed the sampled token to the matcher; finish, or append the tokens the grammar forces."""
@@ -127,7 +141,7 @@ class OutputMixin:
         if grammar.terminated:
             req.finish_reason = {"type": "stop", "matched": tok}
             return
-        self._check_finished(req, tok)
+        self.check_finished(req, tok)
         if req.finish_reason is not None or self.args.disable_jump_forward:
             return
         room = min(req.params.max_new_tokens - len(req.output_ids), self.runner.context_len - req.seq_len - 1)
@@ -146,7 +160,8 @@ class OutputMixin:
             elif grammar.terminated:
                 req.finish_reason = {"type": "stop", "matched": req.output_ids[-1]}
 
-    def _check_finished(self, req: Req, tok: int) -> None:
+    def check_finished(self, req: Req, tok: int) -> None:
+        """Set ``req.finish_reason`` if ``tok`` (just appended) ends it: stop token, EOS, length, context."""
         p = req.params
         if len(req.output_ids) >= p.min_new_tokens:
             if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
@@ -157,12 +172,14 @@ class OutputMixin:
         elif req.seq_len >= self.runner.context_len:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
 
-    def _finish(self, reqs: list[Req]) -> None:
+    def finish(self, reqs: list[Req]) -> None:
+        """Release the KV of requests that ended and count them."""
         for req in reqs:
             self.kv.release(req)
             self.stats.on_finish(req)
 
-    def _emit(self, reqs: list[Req]) -> None:
+    def emit(self, reqs: list[Req]) -> None:
+        """Send every request's new tokens (and logprobs, cache and pin facts) as one BatchTokenOut."""
         outs = []
         for req in reqs:
             out = ReqOut(

@@ -9,20 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from radixrt.config.server_args import ServerArgs
 from radixrt.config.tenants import TenantConfig
-from radixrt.constrained.grammar import (
-    DEFAULT_CLIENT,
-    GrammarBackend,
-    GrammarBusy,
-    GrammarError,
-    GrammarLimits,
-    grammar_key,
-)
+from radixrt.constrained.grammar import GrammarBusy, GrammarError, grammar_key
 from radixrt.kernels.base import ForwardMode
 from radixrt.transport.protocol import (
     AbortReq,
@@ -37,14 +30,20 @@ from radixrt.transport.protocol import (
     WorkerInput,
     WorkerOutput,
 )
+from radixrt.worker.arrival import RequestTimeouts, refusal
+from radixrt.worker.grammar_queue import GrammarQueue
 from radixrt.worker.interval_log import IntervalLog, read_scheduler
 from radixrt.worker.kv_manager import KVManager, build_tree
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
-from radixrt.worker.output import OutputMixin
+from radixrt.worker.output import OutputProcessor
 from radixrt.worker.req import Req
 from radixrt.worker.schedule_policy import order_waiting, shared_uncached_prefix
 from radixrt.worker.stats import SchedulerStats
 from radixrt.worker.tenant_ledger import TenantLedger
+from radixrt.worker.tp_follower import follower_main
+
+if TYPE_CHECKING:
+    from radixrt.speculative.worker import NgramSpeculator
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,6 @@ DEDUP_MIN_SHARED = 32
 # Decode growth reserved at admission per running request: ratio x remaining max_new_tokens (clipped).
 NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.15, 0.002
 CLIP_MAX_NEW_TOKENS = 1024
-TIMEOUT_SWEEP_S = 0.05  # how often the scheduler looks for requests past --request-timeout
 
 
 class Inbox(Protocol):
@@ -63,8 +61,12 @@ class Inbox(Protocol):
     def poll(self, block: bool) -> list[WorkerInput]: ...
 
 
-class Scheduler(OutputMixin):
-    """Continuous batching over the RadixCache; one ``step`` is one forward (or none when idle)."""
+class Scheduler:
+    """Continuous batching over the RadixCache; one ``step`` is one forward (or none when idle).
+
+    What a step produces (sampled tokens, finishes, the messages to the client) goes through ``out``,
+    the `OutputProcessor` it owns.
+    """
 
     def __init__(
         self,
@@ -75,7 +77,7 @@ class Scheduler(OutputMixin):
     ) -> None:
         self.args = args
         self.model_path = model_path
-        self.runner = ModelRunner(args, model_path)
+        self.runner = ModelRunner(args, model_path, tp_follower=follower_main)
         self.vocab_size = self.runner.config.vocab_size
         self.eos_ids = set(eos_token_ids) | set(self.runner.config.eos_token_ids)
         self.tree = build_tree(args, self.runner, model_path)
@@ -94,11 +96,14 @@ class Scheduler(OutputMixin):
         self.stats = SchedulerStats(tenants=self.ledger)
         self.check_invariant_each_step = False
         self.interval_log = IntervalLog(args.log_interval, lambda: read_scheduler(self))  # --log-interval
-        self.grammar_waiting: list[Req] = []  # constrained requests whose grammar is compiling
+        # Constrained requests whose grammar is compiling (``grammar_waiting``), and the grammar backend.
+        self.grammars = GrammarQueue(args, model_path, self.vocab_size, self.eos_ids, self.ledger is not None)
         self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
-        self._grammar: GrammarBackend | None = None
-        self.arrived_at: dict[str, float] = {}  # rid -> monotonic arrival, with --request-timeout only
-        self._next_sweep = 0.0
+        self.timeouts = RequestTimeouts(args.request_timeout) if args.request_timeout is not None else None
+        self._spec: NgramSpeculator | None = None  # built on the first decode with --speculative-algorithm
+        self.out = OutputProcessor(
+            args, self.runner, self.kv, self.stats, self.eos_ids, self.by_rid, send, self.grammars
+        )
 
     # -- loop -----------------------------------------------------------------------------------
     def run_forever(self, inbox: Inbox, should_stop: Callable[[], bool]) -> None:
@@ -121,25 +126,9 @@ class Scheduler(OutputMixin):
         return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
 
     @property
-    def grammar(self) -> GrammarBackend:
-        """The grammar backend, built on the first constrained request (loads the tokenizer)."""
-        if self._grammar is None:
-            from radixrt.models.tokenizer import load_tokenizer
-
-            tokenizer = load_tokenizer(self.args.tokenizer_path or self.model_path)
-            args = self.args
-            limits = GrammarLimits(
-                compile_timeout_s=args.grammar_compile_timeout,
-                compile_threads=args.grammar_compile_threads,
-                compiles_per_client=args.max_grammar_compiles_per_client,
-                cache_bytes=int(args.grammar_cache_size_mb * 2**20),
-                max_grammar_bytes=args.max_grammar_bytes,
-                reserve_thread=self.ledger is not None,  # tenants: one never holds every compile thread
-            )
-            self._grammar = GrammarBackend(
-                tokenizer, self.vocab_size, sorted(self.eos_ids), args.json_whitespace, limits
-            )
-        return self._grammar
+    def grammar_waiting(self) -> list[Req]:
+        """Constrained requests whose grammar is compiling (they wait outside ``waiting``)."""
+        return self.grammars.compiling
 
     def handle(self, msg: WorkerInput) -> None:
         """Apply one incoming message."""
@@ -158,45 +147,27 @@ class Scheduler(OutputMixin):
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.arrivals)
         self.arrivals += 1
-        error = None
-        if len(req.origin_input_ids) + req.params.max_new_tokens > self.runner.context_len + 1:
-            error = (
-                f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
-                f"({req.params.max_new_tokens}) exceeds the context length {self.runner.context_len}"
-            )
-        elif len(req.origin_input_ids) + 1 > self.kv.allocator.total_slots:
-            error = f"prompt ({len(req.origin_input_ids)} tokens) does not fit the KV pool"
-        elif req.tenant is not None and (self.ledger is None or req.tenant not in self.ledger.counters):
-            error = f"tenant: {req.tenant!r} is not a tenant of this server"
-        status = 400
-        bound = self.args.max_queued_requests
-        if error is None and bound and len(self.waiting) + len(self.grammar_waiting) >= bound:
-            error, status = f"the request queue is full ({bound} waiting requests); retry later", 429
-        elif error is None and bound and self.ledger is not None:
-            share = self.ledger.queue_share(req.tenant, bound)
-            if sum(r.tenant == req.tenant for r in (*self.waiting, *self.grammar_waiting)) >= share:
-                error = (
-                    f"tenant {req.tenant!r} has its share of the request queue ({share} waiting); retry later"
-                )
-                status = 429
+        queued = [*self.waiting, *self.grammar_waiting]
+        context_len, total_slots = self.runner.context_len, self.kv.allocator.total_slots
+        refused = refusal(req, context_len, total_slots, self.ledger, self.args.max_queued_requests, queued)
         req.grammar_key = grammar_key(req.params)
-        if error is None and req.grammar_key is not None:
+        if refused is None and req.grammar_key is not None:
             try:  # last check: it may start a compilation
-                self.grammar.submit(req.grammar_key, req.tenant or DEFAULT_CLIENT)
+                self.grammars.submit(req)
             except (GrammarError, GrammarBusy) as exc:  # too large (400) / client's share in flight (429)
-                error, status = str(exc), exc.status_code
-        if error is not None:  # refused: never counted in num_requests, its reason carries the HTTP status
+                refused = str(exc), exc.status_code
+        if refused is not None:  # never counted in num_requests, its reason carries the HTTP status
+            error, status = refused
             self.stats.num_refused += 1
             reason = {"type": "abort", "message": error, "status_code": status}
             self.send(BatchTokenOut([ReqOut(req.rid, [], len(req.origin_input_ids), 0, reason)]))
             return
         self.by_rid[req.rid] = req
-        if self.args.request_timeout is not None:
-            self.arrived_at[req.rid] = time.monotonic()
+        if self.timeouts is not None:
+            self.timeouts.on_arrival(req.rid)
         self.stats.on_arrival(req)
         if req.grammar_key is not None:
-            req.grammar_since = time.monotonic()
-            self.grammar_waiting.append(req)
+            self.grammars.add(req)
         else:
             self.waiting.append(req)
 
@@ -223,7 +194,7 @@ class Scheduler(OutputMixin):
                 req.finish_reason["status_code"] = status_code
         self.kv.release(req)
         self.stats.on_finish(req)
-        self._emit([req])
+        self.out.emit([req])
 
     def flush_cache(self) -> StatsOut:
         if not self.is_idle():
@@ -233,14 +204,19 @@ class Scheduler(OutputMixin):
         return StatsOut(ok=True, message="cache flushed")
 
     def snapshot(self) -> dict[str, float]:
-        return {**self.stats.snapshot(self), "kv_pinned_tokens": self.tree.pinned_size()}
+        running = len(self.running) + (1 if self.chunked else 0)
+        queued = len(self.waiting) + len(self.grammar_waiting)
+        return {
+            **self.stats.snapshot(self.kv, running, queued),
+            "kv_pinned_tokens": self.tree.pins.pinned_size(),
+        }
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> None:
         """One forward: a prefill batch if anything can be admitted, else one decode step."""
-        self.tree.expire_pins()  # cheap unless a pin is due
-        if self.args.request_timeout is not None:
-            self._sweep_timeouts()
+        self.tree.pins.expire()  # cheap unless a pin is due
+        if self.timeouts is not None:
+            self._abort_overdue(self.timeouts)
         if self.grammar_waiting:
             self._poll_grammars()
         batch = self._admit()
@@ -251,37 +227,21 @@ class Scheduler(OutputMixin):
         if self.check_invariant_each_step:
             self.kv.check_invariant(self.live_reqs(), idle=self.is_idle())
 
-    def _sweep_timeouts(self) -> None:
+    def _abort_overdue(self, timeouts: RequestTimeouts) -> None:
         """Abort the requests older than --request-timeout (queued or running): KV freed, 504 to the client."""
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + TIMEOUT_SWEEP_S
-        limit = self.args.request_timeout
-        assert limit is not None
-        self.arrived_at = {rid: t for rid, t in self.arrived_at.items() if rid in self.by_rid}
-        for rid in [rid for rid, t in self.arrived_at.items() if now - t > limit]:
+        for rid in timeouts.overdue(self.by_rid):
             self.stats.num_timed_out += 1
-            self.abort(rid, f"request timed out after {limit:g}s (--request-timeout)", status_code=504)
+            why = f"request timed out after {timeouts.limit_s:g}s (--request-timeout)"
+            self.abort(rid, why, status_code=504)
 
     def _poll_grammars(self) -> None:
         """Move requests whose grammar compiled to the waiting queue; fail those whose did not."""
-        still: list[Req] = []
-        self.grammar.collect()
-        for req in self.grammar_waiting:
-            assert req.grammar_key is not None
-            res = self.grammar.poll(req.grammar_key, req.tenant or DEFAULT_CLIENT)
-            if res is None:
-                still.append(req)
-            elif isinstance(res, GrammarError):
-                req.finish_reason = {"type": "abort", "message": str(res), "status_code": 400}
-                self.stats.on_finish(req)
-                self._emit([req])
-            else:
-                req.grammar = res
-                self.waiting.append(req)
-        self.grammar_waiting = still
-        if still and not (self.waiting or self.running or self.chunked or self.jumped):
+        compiled, failed = self.grammars.poll()
+        for req in failed:
+            self.stats.on_finish(req)
+            self.out.emit([req])
+        self.waiting.extend(compiled)
+        if self.grammar_waiting and not (self.waiting or self.running or self.chunked or self.jumped):
             time.sleep(0.001)  # only compiling: do not spin at full speed
 
     def _reserved_decode(self) -> float:
@@ -360,7 +320,7 @@ class Scheduler(OutputMixin):
                         "status_code": 400,
                     }
                     self.stats.on_finish(req)
-                    self._emit([req])
+                    self.out.emit([req])
                 break
             headroom -= need
             if req.retractions == 0 and not req.output_ids:
@@ -399,7 +359,7 @@ class Scheduler(OutputMixin):
             req.kv_len += req.extend_len
             self.stats.computed_prefill_tokens += req.extend_len
             if not req.input_logprobs_done:
-                self._input_logprobs(req, hidden[offset : offset + req.extend_len], start)
+                self.out.input_logprobs(req, hidden[offset : offset + req.extend_len], start)
             offset += req.extend_len
             if req.prefill_done:
                 done.append(req)
@@ -419,13 +379,13 @@ class Scheduler(OutputMixin):
                     req.finish_reason = {"type": "length", "length": 0}
             if to_sample:
                 rows = [row for row, r in zip(last_rows, done, strict=True) if r.params.max_new_tokens > 0]
-                self._sample_and_append(to_sample, self.runner.logits(hidden[rows]))
+                self.out.sample_and_append(to_sample, self.runner.logits(hidden[rows]))
             for req in done:
                 if req.finish_reason is None:
                     self.kv.cache_unfinished(req)
                     (self.jumped if req.jumped else self.running).append(req)
-            self._finish([r for r in done if r.finish_reason is not None])
-        self._emit(batch)
+            self.out.finish([r for r in done if r.finish_reason is not None])
+        self.out.emit(batch)
 
     def _run_decode(self) -> None:
         if self.args.speculative_algorithm is not None and self._run_speculative():
@@ -450,12 +410,12 @@ class Scheduler(OutputMixin):
             next_ids = self.runner.forward_greedy(fi)
             for req in reqs:
                 req.kv_len += 1
-            self._append_tokens(reqs, next_ids)
+            self.out.append_tokens(reqs, next_ids)
         else:
             hidden = self.runner.forward(fi)
             for req in reqs:
                 req.kv_len += 1
-            self._sample_and_append(reqs, self.runner.logits(hidden))
+            self.out.sample_and_append(reqs, self.runner.logits(hidden))
         self._settle_decode(reqs)
 
     def _settle_decode(self, reqs: list[Req]) -> None:
@@ -465,18 +425,21 @@ class Scheduler(OutputMixin):
         if finished or jumped:
             self.running = [r for r in self.running if r.finish_reason is None and not r.jumped]
             self.jumped.extend(jumped)
-            self._finish(finished)
-        self._emit(reqs)
+            self.out.finish(finished)
+        self.out.emit(reqs)
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
 
     def _run_speculative(self) -> bool:
         """One speculative step (draft, verify in one forward) instead of a decode; False: decode plainly."""
         from radixrt.speculative import build_speculator
 
-        spec = getattr(self, "_spec", None)
-        if spec is None:
-            spec = self._spec = build_speculator(self.args)
-        return spec.step(self)
+        if self._spec is None:
+            self._spec = build_speculator(self.args)
+        reqs = list(self.running)
+        if not self._spec.step(reqs, self.out):
+            return False
+        self._settle_decode(reqs)
+        return True
 
     def _ensure_decode_memory(self) -> None:
         """Make room for one more token per running request, retracting the least advanced if needed."""
@@ -490,8 +453,8 @@ class Scheduler(OutputMixin):
                     "type": "abort",
                     "message": "out of KV memory: sequence exceeds the KV pool",
                 }
-                self._finish([req])
-                self._emit([req])
+                self.out.finish([req])
+                self.out.emit([req])
                 return
             victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self._retract(victim)

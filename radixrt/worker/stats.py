@@ -9,7 +9,7 @@ from radixrt.mem_cache.hiradix_cache import HiRadixCache
 from radixrt.worker.req import Req
 
 if TYPE_CHECKING:
-    from radixrt.worker.scheduler import Scheduler
+    from radixrt.worker.kv_manager import KVManager
     from radixrt.worker.tenant_ledger import TenantLedger
 
 
@@ -60,8 +60,9 @@ class SchedulerStats:
         if self.tenants is not None:
             self.tenants.on_finish(req)
 
-    def snapshot(self, sched: Scheduler) -> dict[str, float]:
-        kv = sched.kv
+    def snapshot(self, kv: KVManager, num_running: int, num_queued: int) -> dict[str, float]:
+        """The counters with the KV pool's occupancy and the scheduler's queue lengths now (``num_running``
+        includes a request in the middle of a chunked prefill; ``num_queued`` those compiling a grammar)."""
         total = kv.allocator.total_slots
         used = total - kv.allocator.available_size() - kv.tree.evictable_size()
         tiers = kv.tree.tier_snapshot() if isinstance(kv.tree, HiRadixCache) else {}
@@ -92,8 +93,8 @@ class SchedulerStats:
                 1 + self.spec_accepted_tokens / self.spec_verify_reqs if self.spec_verify_reqs else 0.0
             ),
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-            "num_running_reqs": len(sched.running) + (1 if sched.chunked else 0),
-            "num_queue_reqs": len(sched.waiting) + len(sched.grammar_waiting),
+            "num_running_reqs": num_running,
+            "num_queue_reqs": num_queued,
             "kv_total_tokens": total,
             "kv_used_tokens": used,
             "kv_cached_tokens": kv.tree.total_size(),
