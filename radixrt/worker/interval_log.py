@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixrt.worker.scheduler import Scheduler
+    from radixrt.worker.kv_manager import KVManager
+    from radixrt.worker.req import Req
+    from radixrt.worker.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -103,14 +105,15 @@ def _log_info(line: str) -> None:
     logger.info("%s", line)
 
 
-def read_scheduler(sched: Scheduler) -> LoadCounters:
-    """The counters of a running Scheduler (finished requests from its stats, live ones from ``by_rid``)."""
-    kv, stats = sched.kv, sched.stats
+def read_load(
+    kv: KVManager, stats: SchedulerStats, live: list[Req], running: int, queued: int
+) -> LoadCounters:
+    """The counters of a running worker: finished requests from its stats, live ones (``live``: every
+    request the scheduler tracks) from their own counts; ``running`` / ``queued`` are the gauges."""
     total = kv.allocator.total_slots
-    live = list(sched.by_rid.values())
     return LoadCounters(
-        running=len(sched.live_reqs()),
-        queued=len(sched.waiting) + len(sched.grammar_waiting),
+        running=running,
+        queued=queued,
         kv_used=total - kv.allocator.available_size() - kv.tree.evictable_size(),
         kv_total=total,
         cached_tokens=stats.cached_tokens + sum(r.cached_tokens for r in live),

@@ -32,7 +32,7 @@ from radixrt.transport.protocol import (
 )
 from radixrt.worker.arrival import RequestTimeouts, refusal
 from radixrt.worker.grammar_queue import GrammarQueue
-from radixrt.worker.interval_log import IntervalLog, read_scheduler
+from radixrt.worker.interval_log import IntervalLog, LoadCounters, read_load
 from radixrt.worker.kv_manager import KVManager, build_tree
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.output import OutputProcessor
@@ -95,7 +95,7 @@ class Scheduler:
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.stats = SchedulerStats(tenants=self.ledger)
         self.check_invariant_each_step = False
-        self.interval_log = IntervalLog(args.log_interval, lambda: read_scheduler(self))  # --log-interval
+        self.interval_log = IntervalLog(args.log_interval, self.load_counters)  # --log-interval
         # Constrained requests whose grammar is compiling (``grammar_waiting``), and the grammar backend.
         self.grammars = GrammarQueue(args, model_path, self.vocab_size, self.eos_ids, self.ledger is not None)
         self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
@@ -124,6 +124,11 @@ class Scheduler:
 
     def live_reqs(self) -> list[Req]:
         return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
+
+    def load_counters(self) -> LoadCounters:
+        """What the interval log reads (``--log-interval``)."""
+        queued = len(self.waiting) + len(self.grammar_waiting)
+        return read_load(self.kv, self.stats, list(self.by_rid.values()), len(self.live_reqs()), queued)
 
     @property
     def grammar_waiting(self) -> list[Req]:
