@@ -253,12 +253,27 @@ def test_405_carries_allow_and_head_health_is_200(c: httpx.Client) -> None:
     r = c.post("/health")
     _error(r, 405)
     assert r.headers["allow"] == "GET, HEAD"
-    for path, allow in [("/generate", "POST"), ("/flush_cache", "GET, POST"), ("/v1/models", "GET")]:
+    for path, allow in [("/generate", "POST"), ("/flush_cache", "POST"), ("/v1/models", "GET")]:
         r = c.put(path)
         _error(r, 405)
         assert r.headers["allow"] == allow
     r = c.head("/health")
     assert r.status_code == 200 and r.content == b""
+
+
+def test_flush_cache_is_post_only(c: httpx.Client) -> None:
+    """A state-changing GET is a CSRF hazard (an <img src> on any page flushes the cache): GET is a 405
+    naming POST, and the cache stays; POST flushes it."""
+    ids = list(range(100, 164))
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    assert c.post("/generate", json=body).status_code == 200
+    r = c.get("/flush_cache")
+    _error(r, 405)
+    assert r.headers["allow"] == "POST"
+    cached = c.post("/generate", json=body).json()["meta_info"]["cached_tokens"]
+    assert cached >= len(ids) - 1  # not flushed by the GET
+    assert c.post("/flush_cache").status_code == 200
+    assert c.post("/generate", json=body).json()["meta_info"]["cached_tokens"] == 0
 
 
 def test_openapi_publishes_request_bodies_and_unique_operation_ids(c: httpx.Client) -> None:

@@ -176,8 +176,10 @@ def test_admin_routes(server: ServerProcess) -> None:
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_the_request(server: ServerProcess, stream: bool) -> None:
     body = {"text": "a long answer", "sampling_params": {"max_new_tokens": 1800, "ignore_eos": True}}
+    series = "radixrt:num_requests_total{finish_reason=abort}"  # reported once per request, abort included
     with server.client() as c:
-        aborted = metric_values(c.get("/metrics").text)["radixrt:num_aborted_requests_total{}"]
+        metrics = metric_values(c.get("/metrics").text)
+        aborted, finished_aborted = metrics["radixrt:num_aborted_requests_total{}"], metrics.get(series, 0.0)
         before = c.get("/get_server_info").json()["generation_tokens"]
         if stream:
             with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
@@ -188,8 +190,9 @@ def test_client_disconnect_aborts_the_request(server: ServerProcess, stream: boo
             with pytest.raises(httpx.TimeoutException):
                 c.post("/generate", json=body, timeout=0.5)
         info = wait_idle(c)  # long before 1800 tokens could have been generated
-        after = metric_values(c.get("/metrics").text)["radixrt:num_aborted_requests_total{}"]
-    assert after == aborted + 1
+        metrics = metric_values(c.get("/metrics").text)
+    assert metrics["radixrt:num_aborted_requests_total{}"] == aborted + 1
+    assert metrics.get(series, 0.0) == finished_aborted + 1
     assert info["generation_tokens"] - before < 1800  # stopped long before max_new_tokens
 
 

@@ -18,6 +18,12 @@ file to a temporary name and renames it into place (atomic), then evicts least r
 the capacity. Until written, a queued chunk is served from memory. The index lives in memory and is
 rebuilt from the directory at start (oldest modification time first), so a restarted server finds
 what an earlier one stored.
+
+A directory deleted under the running server (by hand, a cleanup job) is recreated at the next write,
+read or stats snapshot, and the chunks indexed in it are forgotten (``lost_chunks``), so the counters
+stay true. While it cannot be recreated, or writes fail, the tier is *failed* (``failure``: logged once,
+``disk_tier_failed`` in the stats, a warning in ``/health``): requests are served without it, and the
+first write that succeeds again clears it.
 """
 
 from __future__ import annotations
@@ -107,6 +113,8 @@ class DiskStats:
     dropped_writes: int = 0
     evicted_files: int = 0
     write_errors: int = 0
+    dir_recreations: int = 0  # the storage directory vanished and was made again
+    lost_chunks: int = 0  # indexed chunks that vanished with it
 
 
 class DiskStore:
@@ -133,7 +141,9 @@ class DiskStore:
         self.capacity_bytes = capacity_bytes
         self.chunk_bytes = 2 * self.layers * chunk_tokens * self.kv_heads * self.head_dim * dtype.itemsize
         self.stats = DiskStats()
+        self.failure: str | None = None  # why the tier cannot write now; None while it can
         self._lock = threading.Lock()
+        self._dir_lock = threading.Lock()  # one thread recreates a vanished directory
         self._index: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, least recently used first
         self._bytes = 0
         self._pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -199,6 +209,7 @@ class DiskStore:
             data = path.read_bytes()
         except FileNotFoundError:  # removed behind our back (another server sharing the directory)
             self._forget(key, delete=False)
+            self.check_dir()  # or the whole directory went: forget all of it at once
             return None
         except OSError as exc:
             self._reject(key, f"unreadable ({exc})")
@@ -260,10 +271,15 @@ class DiskStore:
             key, chunk, namespace, k, v = item
             size = 0
             try:
-                size = self._write(key, chunk, namespace, k, v)
+                size = self._write(key, chunk, namespace, k, v) if self.check_dir() else 0
             except OSError as exc:
-                self.stats.write_errors += 1
                 logger.warning("disk tier: writing %s failed: %s", self.path(key).name, exc)
+                self._fail(f"writing chunks under {self.dir} fails ({exc})")
+            if not size:
+                self.stats.write_errors += 1
+            elif self.failure is not None:
+                logger.warning("disk tier: writes under %s succeed again", self.dir)
+                self.failure = None
             with self._lock:
                 if size:
                     self._index[key] = size
@@ -303,9 +319,41 @@ class DiskStore:
             tmp.unlink(missing_ok=True)
         return len(data)
 
+    def check_dir(self) -> bool:
+        """True when the storage directory is there. One that vanished is recreated and the chunks
+        indexed in it are forgotten; False (the tier failed, logged once) when it cannot be recreated."""
+        if self.dir.is_dir():
+            return True
+        with self._dir_lock:
+            if self.dir.is_dir():
+                return True
+            with self._lock:
+                lost = len(self._index)
+                self._index.clear()
+                self._bytes = 0
+            self.stats.lost_chunks += lost
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self._fail(f"storage directory {self.dir} vanished and cannot be recreated ({exc})")
+                return False
+            self.stats.dir_recreations += 1
+            self.failure = None
+            logger.warning(
+                "disk tier: storage directory %s vanished (%d chunks lost); recreated it", self.dir, lost
+            )
+            return True
+
+    def _fail(self, why: str) -> None:
+        if self.failure is None:
+            logger.error("disk tier failed: %s; requests are served without it", why)
+        self.failure = why
+
     def rescan(self) -> None:
         """Index the directory's files not indexed yet, oldest first (at start: what an earlier server
         stored; later: what another server sharing the directory wrote), then enforce the capacity."""
+        if not self.check_dir():
+            return
         now = time.time()
         entries = []
         for p in self.dir.iterdir():

@@ -223,7 +223,9 @@ class HiRadixCache(RadixCache):
         out["kv_host_used_tokens"] = self._host_tokens
         if self.disk is not None:
             d = self.disk
+            d.check_dir()  # a directory deleted under us: recreated, its chunks no longer counted
             out.update(
+                disk_tier_failed=float(d.failure is not None),
                 disk_chunks=d.num_chunks,
                 disk_tokens=d.num_chunks * d.chunk_tokens,
                 disk_bytes=d.size_bytes,

@@ -143,6 +143,7 @@ class PinTable:
         self._pin_tokens = 0
         self._tenant_pin_tokens: dict[str | None, int] = {}
         self._next_expiry = math.inf
+        self.yielded = 0  # pins released early by `yield_to` (reported as kv_pins_yielded)
 
     # ---- public API -------------------------------------------------------------------------------
 
@@ -203,6 +204,37 @@ class PinTable:
             self._release(p)
         self._next_expiry = math.inf
         return len(pins)
+
+    def off_path_size(self, end: TreeNode) -> int:
+        """Pinned tokens outside the path root..``end`` (a request's locked prefix, which it holds anyway)."""
+        on_path, node = 0, end
+        while node.parent is not None:
+            on_path += len(node.key) if node.pin_ref else 0
+            node = node.parent
+        return self._pin_tokens - on_path
+
+    def yield_to(self, end: TreeNode, short: int, tenant: str | None) -> int:
+        """Release pins until ``short`` fewer pinned tokens lie outside the path root..``end``: the
+        requesting ``tenant``'s own pins first, then the soonest to expire. Pins ending on the path free
+        nothing for it and stay. Returns how many pins were released."""
+        path: set[TreeNode] = set()
+        node: TreeNode | None = end
+        while node is not None:
+            path.add(node)
+            node = node.parent
+        target = self.off_path_size(end) - short
+        order = sorted(
+            (p for p in self._pins.values() if p.node not in path),
+            key=lambda p: (p.tenant != tenant, p.expires_at, p.pin_id),
+        )
+        released = 0
+        for pin in order:
+            if self.off_path_size(end) <= target:
+                break
+            self._release(pin)
+            released += 1
+        self.yielded += released
+        return released
 
     def pinned_size(self) -> int:
         """Tokens covered by pins (the union of the pinned prefixes; all on the device, all locked)."""

@@ -276,6 +276,7 @@ class TokenizerManager:
         state = ReqState(treq.rid, loop, asyncio.Queue())
         self.states[treq.rid] = state
         track = _Tracker(self, s, treq, params)
+        failed = False  # ended by an error (a dead worker, a failed send), not by its consumer leaving
         try:
             self.worker.send(treq)
             while True:
@@ -294,19 +295,26 @@ class TokenizerManager:
                 finished = track.push(item)
                 if finished and track.abort_worker:
                     self.worker.send(AbortReq(treq.rid, "stop"))
+                if finished:  # reported before the last yield: a consumer may close the stream at it
+                    self._report(track, state)
                 if stream or finished:
                     yield track.result(state.created, partial=not finished)
                 if finished:
-                    self._report(track, state)
                     return
+        except Exception:
+            failed = True
+            raise
         finally:
             self.states.pop(treq.rid, None)
+            if not track.finished and not failed:  # the client left (disconnect, a cancelled batch): abort
+                track.finish_reason = {"type": "abort", "message": "client disconnected"}
+                self._report(track, state)
             if not track.finished and self.worker.is_alive():
                 self.worker.send(AbortReq(treq.rid, "client disconnected"))
 
     def _report(self, track: _Tracker, state: ReqState) -> None:
-        """Hand a request that ended in the worker to the listeners (metrics, --log-requests), once: its
-        result with ``timing`` and ``tenant``."""
+        """Hand a request that ended (in the worker, or by its client leaving) to the listeners (metrics,
+        --log-requests), once: its result with ``timing`` and ``tenant``."""
         if self.listeners:
             final = track.result(state.created)
             final["timing"] = track.timing(state.created)

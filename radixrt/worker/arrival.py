@@ -37,7 +37,7 @@ def refusal(
             400,
         )
     if prompt + 1 > total_slots:
-        return f"prompt ({prompt} tokens) does not fit the KV pool", 400
+        return f"prompt ({prompt} tokens) + 1 generated does not fit the KV pool ({total_slots} tokens)", 400
     if req.tenant is not None and (ledger is None or req.tenant not in ledger.counters):
         return f"tenant: {req.tenant!r} is not a tenant of this server", 400
     if not queue_bound:

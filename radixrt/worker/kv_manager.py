@@ -138,6 +138,28 @@ class KVManager:
                 return
             self.tree.evict(short, requester=requester, spare_reserved=spare, incoming=need)
 
+    def yield_pins(self, req: Req, tokens: int) -> int:
+        """Release the TTL pins that keep ``req`` from ever holding ``tokens`` tokens (the pool less the
+        pinned tokens outside its prefix is too small): pins yield to a request that fits the pool rather
+        than fail it. Returns the pinned tokens released (evictable now); 0 when none stands in the way."""
+        pins = self.tree.pins
+        if not pins.pinned_size() or req.last_node is None:
+            return 0
+        ps = self.page_size
+        room = self.allocator.total_slots - pins.off_path_size(req.last_node)
+        short = (tokens + ps - 1) // ps * ps - room
+        if short <= 0:
+            return 0
+        before = pins.pinned_size()
+        released = pins.yield_to(req.last_node, short, req.tenant)
+        freed = before - pins.pinned_size()
+        logger.warning(
+            "released %d TTL pins (%d tokens) for request %s: %d tokens do not fit beside them in the %d-token "
+            "KV pool",
+            released, freed, req.rid, tokens, self.allocator.total_slots,
+        )  # fmt: skip
+        return freed
+
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req: Req) -> bool:
         """Give ``req`` a pool row and its cached prefix (locked). False when no row is free."""

@@ -214,6 +214,7 @@ class Scheduler:
         return {
             **self.stats.snapshot(self.kv, running, queued),
             "kv_pinned_tokens": self.tree.pins.pinned_size(),
+            "kv_pins_yielded": self.tree.pins.yielded,
         }
 
     # -- one step -------------------------------------------------------------------------------
@@ -264,6 +265,7 @@ class Scheduler:
         if self.chunked is not None:
             req, self.chunked = self.chunked, None
             take = min(len(req.fill_ids) - req.kv_len, budget)
+            self.kv.yield_pins(req, len(req.fill_ids))
             if not self.kv.alloc(req, take):
                 self._retract(req)
                 return []
@@ -315,13 +317,16 @@ class Scheduler:
             ):
                 self.kv.release(req)  # its tenant is at its quota while others have work: it waits
                 continue
+            headroom += self.kv.yield_pins(req, len(req.fill_ids))  # before its first chunk, not after
             if not self.kv.alloc(req, take):
                 self.kv.release(req)
-                if not batch and not self.running:  # nothing else holds memory: it can never fit
+                if not batch and not self.running and not self.jumped:  # nothing else holds memory
                     self.waiting.remove(req)
+                    total, pinned = self.kv.allocator.total_slots, self.tree.pins.pinned_size()
                     req.finish_reason = {
                         "type": "abort",
-                        "message": "out of KV memory: request exceeds the KV pool",
+                        "message": f"out of KV memory: the prompt ({len(req.fill_ids)} tokens) does not fit "
+                        f"the KV pool ({total} tokens, {pinned} of them pinned)",
                         "status_code": 400,
                     }
                     self.stats.on_finish(req)
@@ -452,7 +457,9 @@ class Scheduler:
             need = sum(self.kv.pages_needed(r, 1) for r in self.running)
             if need <= self.kv.available():
                 return
-            if len(self.running) == 1:  # even alone it does not fit: the pool is too small for it
+            if len(self.running) == 1:  # even alone it does not fit: pins yield, else the pool is too small
+                if self.kv.yield_pins(self.running[0], self.running[0].kv_len + 1):
+                    continue
                 req = self.running.pop()
                 req.finish_reason = {
                     "type": "abort",

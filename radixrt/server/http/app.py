@@ -83,7 +83,11 @@ def build_app(ctx: ServerContext) -> FastAPI:
         status = ctx.client.health()  # ok, draining, warming_up, restarting, worker_down
         if status == "ok" and not ctx.ready:
             status = "starting"
-        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+        body: dict[str, Any] = {"status": status}
+        warnings = ctx.health_warnings() if status == "ok" else []
+        if warnings:  # still serving (200): a degraded part, e.g. a failed disk tier
+            body["warnings"] = warnings
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
@@ -124,8 +128,7 @@ def build_app(ctx: ServerContext) -> FastAPI:
     async def get_load() -> Response:
         return JSONResponse(await ctx.load())
 
-    @app.get("/flush_cache")
-    @app.post("/flush_cache")
+    @app.post("/flush_cache")  # NOTE: POST only: a GET that empties the cache is a CSRF hazard (405 + Allow)
     async def flush_cache() -> Response:
         out = await asyncio.wait_for(ctx.tm.control_request(FlushCacheReq()), 30)
         if not out.ok:

@@ -4,6 +4,7 @@ metrics), and the one way a route generates (`ServerContext.generate`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -34,6 +35,7 @@ from radixrt.transport.protocol import GetStatsReq, StatsOut, WorkerReady
 logger = logging.getLogger(__name__)
 
 STATS_TIMEOUT_S = 10.0
+HEALTH_STATS_MAX_AGE_S = 5.0  # /health refreshes an older reading of the worker's stats (in the background)
 RESTART_WARMUP_TIMEOUT_S = 600.0
 
 
@@ -52,6 +54,9 @@ class ServerContext:
     tenants: TenantConfig | None = None
     ready: bool = False  # set after the warm-up request went through
     started_at: float = field(default_factory=time.time)
+    last_stats: StatsOut | None = None  # the worker's latest answer to any stats request, and when
+    last_stats_at: float = 0.0
+    stats_refresh: asyncio.Task[None] | None = None  # a refresh /health started
 
     @classmethod
     def start(cls, args: ServerArgs) -> ServerContext:
@@ -117,9 +122,33 @@ class ServerContext:
     async def worker_stats(self) -> StatsOut:
         """The worker's StatsOut (raises WorkerDeadError when it is gone or does not answer)."""
         try:
-            return await asyncio.wait_for(self.tm.control_request(GetStatsReq()), STATS_TIMEOUT_S)
+            out = await asyncio.wait_for(self.tm.control_request(GetStatsReq()), STATS_TIMEOUT_S)
         except TimeoutError:
             raise WorkerDeadError(f"the worker did not answer within {STATS_TIMEOUT_S:.0f}s") from None
+        self.last_stats, self.last_stats_at = out, time.monotonic()
+        return out
+
+    def health_warnings(self) -> list[str]:
+        """What /health adds to an ok answer: a failed disk tier, read from the worker's latest stats.
+        Never waits for the worker (a load balancer's probe must stay fast): a reading older than
+        HEALTH_STATS_MAX_AGE_S is refreshed in the background for the next probe."""
+        store = self.args.hicache_storage_dir
+        if store is None:
+            return []
+        stale = time.monotonic() - self.last_stats_at > HEALTH_STATS_MAX_AGE_S
+        if stale and (self.stats_refresh is None or self.stats_refresh.done()):
+            self.stats_refresh = asyncio.ensure_future(self._refresh_stats())
+        stats = self.last_stats.stats if self.last_stats is not None else {}
+        if not stats.get("disk_tier_failed"):
+            return []
+        return [
+            f"disk tier failed: it cannot write under --hicache-storage-dir {store} (the server log says why); "
+            "requests are served without it"
+        ]
+
+    async def _refresh_stats(self) -> None:
+        with contextlib.suppress(WorkerDeadError):
+            await self.worker_stats()
 
     async def server_info(self) -> dict[str, Any]:
         """/server_info: settings, model facts, worker stats and the KV invariant check; SGLang's keys

@@ -44,6 +44,7 @@ _TIER_GAUGES = {
     "disk_tokens": ("disk_tokens", "Tokens stored by the disk tier"),
     "disk_bytes": ("disk_bytes", "Bytes stored by the disk tier"),
     "kv_pinned_tokens": ("kv_pinned_tokens", "Tokens held by TTL pins"),
+    "disk_tier_failed": ("disk_tier_failed", "1 while the disk tier cannot write (see the log and /health)"),
 }
 _TIER_COUNTERS = {
     "host_backup_tokens": ("host_backup_tokens", "Tokens copied device -> host"),
@@ -53,6 +54,16 @@ _TIER_COUNTERS = {
     "disk_load_tokens": ("disk_load_tokens", "Tokens loaded disk -> device"),
     "disk_written_chunks": ("disk_written_chunks", "Chunks written to the disk tier"),
     "disk_rejected_files": ("disk_rejected_files", "Disk files rejected (checksum, identity, truncation)"),
+    "disk_write_errors": ("disk_write_errors", "Chunks the disk tier failed to write"),
+    "disk_dir_recreations": (
+        "disk_dir_recreations",
+        "Times the disk tier's vanished directory was recreated",
+    ),
+    "disk_lost_chunks": ("disk_lost_chunks", "Disk chunks lost with a vanished storage directory"),
+    "kv_pins_yielded": (
+        "kv_pins_yielded",
+        "TTL pins released early for a request that did not fit beside them",
+    ),
 }
 _CACHED_BY_TIER = {
     "device": "cached_tokens_device",
