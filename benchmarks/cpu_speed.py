@@ -1,8 +1,12 @@
-"""CPU speed, side by side in one run: radixrt's modes vs llama.cpp on the same GGUF file vs HF transformers.
+"""CPU speed, side by side in one run: radixrt vs OpenVINO GenAI vs llama.cpp on the same GGUF file vs HF.
 
-``python -m benchmarks.cpu_speed [--readme] [--threads 2]`` (llama.cpp through llama-cpp-python, a
-benchmark-only dependency: see benchmarks/README.md). On the embedded SmolLM2-135M-Instruct (Q4_1 GGUF)
-and on the ~88M random Llama written as a Q4_1 GGUF file:
+``python -m benchmarks.cpu_speed [--readme] [--threads 2]`` (OpenVINO GenAI and llama.cpp through
+llama-cpp-python are benchmark-only dependencies, skipped with a message when missing: see
+benchmarks/README.md). First the peer comparison on the embedded SmolLM2-135M-Instruct Q4_1 file
+(`benchmarks.cpu_peers`: radixrt's defaults vs OpenVINO GenAI vs llama.cpp; batch-1 decode, 16 prompts x
+128 tokens, prefill 512, extend 256 over a 3k cached prefix; ``--repeats`` interleaved repeats;
+``--peers-only`` stops there), then radixrt's modes on the embedded model and on the ~88M random Llama
+written as a Q4_1 GGUF file:
 
 - decode tok/s at batch 1, 8, 16, 32 after a 128-token prompt, per system;
 - decode tok/s at context 512 / 2k / 8k, batch 1 and 8, for the fastest radixrt mode and llama.cpp;
@@ -14,7 +18,9 @@ and on the ~88M random Llama written as a Q4_1 GGUF file:
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,8 @@ from benchmarks.common import (
     update_readme_section,
     write_json,
 )
+from benchmarks.cpu_peers import LLAMA_CPP_SETUP, build_peers, gguf_vocab_size, missing, run_peers
+from benchmarks.cpu_peers import table as peers_table
 from benchmarks.cpu_systems import HFSystem, LlamaCppSystem, RadixSystem, System
 from radixrt.config.cache_dir import cache_dir
 
@@ -41,6 +49,7 @@ RADIX_MODES: dict[str, dict[str, Any]] = {
 }
 BEST = "radixrt gguf"  # the file's own Q4_1 blocks: what llama.cpp runs too
 BATCHES = (1, 8, 16, 32)
+SCHEMA = 2  # 2: + "peers" (the peer comparison, benchmarks/cpu_peers.py); "results" as in 1
 LONG_B8_MAX = 2048
 
 
@@ -92,11 +101,16 @@ def run_model(
             if label == "smollm2-135m":
                 out["long"][name] = long_context(rs, ns.contexts, (1, 8), ns.new_tokens)
         rs.close()
-    lc = LlamaCppSystem(gguf_file, ns.threads)
-    out["systems"]["llama.cpp"] = measure(lc, (1,), ns.new_tokens, prefill)
-    if label == "smollm2-135m":
-        out["long"]["llama.cpp"] = long_context(lc, ns.contexts, (1,), ns.new_tokens)
-    lc.close()
+    why = missing("llama_cpp", LLAMA_CPP_SETUP)
+    if why is None:
+        lc = LlamaCppSystem(gguf_file, ns.threads)
+        out["systems"]["llama.cpp"] = measure(lc, (1,), ns.new_tokens, prefill)
+        if label == "smollm2-135m":
+            out["long"]["llama.cpp"] = long_context(lc, ns.contexts, (1,), ns.new_tokens)
+        lc.close()
+    else:
+        tqdm.write(f"{label}: llama.cpp skipped: {why}")
+        out["skipped"] = {"llama.cpp": why}
     if not ns.skip_hf:
         for name, dtype, batches in (("HF bf16", torch.bfloat16, (1, 8)), ("HF fp32", torch.float32, (1,))):
             hf = HFSystem(name, hf_dir, gguf_file if label == "smollm2-135m" else None, dtype)
@@ -130,12 +144,19 @@ def tables(results: dict[str, Any]) -> str:
 
 def targets(results: dict[str, Any]) -> str:
     r = results["smollm2-135m"]
-    s, lc = r["systems"], r["systems"]["llama.cpp"]
+    s = r["systems"]
     best = s[BEST]
-    lines = [
-        f"- batch-1 decode vs llama.cpp: {best['decode']['1'] / lc['decode']['1']:.2f}x (target >= 1.0)",
-        f"- batch-16 aggregate decode vs llama.cpp single stream: {best['decode']['16'] / lc['decode']['1']:.2f}x (target >= 4)",
-        f"- prefill 512 vs llama.cpp: {best['prefill']['512'] / lc['prefill']['512']:.2f}x (target >= 1.5)",
+    lines = []
+    lc = s.get("llama.cpp")
+    if lc is None:
+        lines.append("- vs llama.cpp: not measured (llama.cpp skipped)")
+    else:
+        lines += [
+            f"- batch-1 decode vs llama.cpp: {best['decode']['1'] / lc['decode']['1']:.2f}x (target >= 1.0)",
+            f"- batch-16 aggregate decode vs llama.cpp single stream: {best['decode']['16'] / lc['decode']['1']:.2f}x (target >= 4)",
+            f"- prefill 512 vs llama.cpp: {best['prefill']['512'] / lc['prefill']['512']:.2f}x (target >= 1.5)",
+        ]
+    lines += [
         f"- Engine vs its bare compiled forward loop, batch 16: {best['decode']['16'] / r['bare_loop_b16']:.2f}x (target >= 0.9)",
         f"- compiled vs eager (bf16, batch 1): {s['radixrt bf16']['decode']['1'] / s['radixrt bf16 eager']['decode']['1']:.2f}x",
     ]
@@ -166,6 +187,30 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def peer_comparison(ns: argparse.Namespace, gguf: Path) -> dict[str, Any]:
+    """The peer comparison (`benchmarks.cpu_peers`) on ``gguf``, its table printed and (``--readme``)
+    written to the ``cpu_speed_peers`` section; the JSON block the results file keeps under ``peers``."""
+    info = machine_info(ns.threads)
+    peers, started = build_peers(gguf, ns.threads, ns.peers.split(","), log=tqdm.write)
+    try:
+        result = run_peers(peers, gguf_vocab_size(gguf), ns.repeats, log=tqdm.write)
+    finally:
+        for p in peers:
+            p.close()
+    info["load_avg_at_end"] = list(os.getloadavg())
+    block = {"machine": info, "gguf": gguf.name, "threads": ns.threads, **started, **result}
+    text = peers_table(result)
+    load = f"{info['load_avg_at_start'][0]:.1f} -> {info['load_avg_at_end'][0]:.1f}"
+    skipped = "".join(f"\n- {name}: skipped: {why}" for name, why in started["skipped"].items())
+    note = (f"`python -m benchmarks.cpu_speed --peers-only`: {gguf.name}, {ns.threads} threads each, "
+            f"{info['date']}, {ns.repeats} interleaved repeats, load average {load} (start -> end). tok/s: "
+            f"median (best repeat); ratios: median of the per-repeat radixrt / peer ratios.")  # fmt: skip
+    print(f"\n{text}{skipped}\n")
+    if ns.readme:
+        update_readme_section(f"cpu_speed_peers{ns.tag}", f"{note}\n\n{text}{skipped}")
+    return block
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads")
@@ -179,15 +224,30 @@ def main() -> None:
     p.add_argument("--tag", default="", help="suffix of the result files and README section (e.g. _1thread)")
     p.add_argument("--modes", default=",".join(RADIX_MODES), help="radixrt modes for the embedded model")
     p.add_argument("--long-b8-max", type=int, default=LONG_B8_MAX, help="longest context measured at batch 8")
+    p.add_argument(
+        "--peers",
+        default="radixrt,openvino,openvino-llm,llama.cpp",
+        help="systems of the peer comparison (radixrt, openvino, openvino-llm, llama.cpp)",
+    )
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of the peer comparison")
+    p.add_argument(
+        "--peers-only", action="store_true", help="only the peer comparison (keeps the rest of the JSON)"
+    )
+    p.add_argument("--skip-peers", action="store_true", help="no peer comparison")
     ns = p.parse_args()
     globals()["LONG_B8_MAX"] = ns.long_b8_max
     torch.set_num_threads(ns.threads)
-    import os
-
     os.environ["OMP_NUM_THREADS"] = str(ns.threads)  # radixrt's worker threads (radixrt/worker/threads.py)
     from radixrt.models.embedded import embedded_gguf_path
     from radixrt.models.resolve import resolve_model
 
+    out_json = RESULTS_DIR / f"cpu_speed{ns.tag}.json"
+    peers = None if ns.skip_peers else peer_comparison(ns, embedded_gguf_path())
+    if ns.peers_only:
+        assert peers is not None
+        old = json.loads(out_json.read_text(encoding="utf-8")) if out_json.is_file() else {}
+        write_json(out_json, old | {"schema": SCHEMA, "peers": peers})
+        return
     results: dict[str, Any] = {}
     for label in ns.models.split(","):
         if label == "smollm2-135m":
@@ -196,8 +256,15 @@ def main() -> None:
         else:
             ckpt, g = gguf_of_88m()
             results[label] = run_model(label, str(g), g, ckpt, ns)
-    data = {"machine": machine_info(ns.threads), "new_tokens": ns.new_tokens, "results": results}
-    write_json(RESULTS_DIR / f"cpu_speed{ns.tag}.json", data)
+    data = {
+        "schema": SCHEMA,
+        "machine": machine_info(ns.threads),
+        "new_tokens": ns.new_tokens,
+        "results": results,
+    }
+    if peers is not None:
+        data["peers"] = peers
+    write_json(out_json, data)
     plot(results, RESULTS_DIR / f"cpu_speed{ns.tag}.png")
     full = "smollm2-135m" in results and set(RADIX_MODES) <= set(results["smollm2-135m"]["systems"])
     text = tables(results) + ("\n\n" + targets(results) if full else "")

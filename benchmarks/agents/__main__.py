@@ -65,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--kv-tokens", type=int, default=65536, help="radixrt KV pool (ample for every workload)")
     p.add_argument("--model-path", default=None, help="radixrt/HF model (default: the embedded SmolLM2-135M)")
-    p.add_argument("--gguf", default=None, help="llama.cpp's model file (default: the embedded GGUF)")
+    p.add_argument(
+        "--gguf", default=None, help="llama.cpp's and OpenVINO's model file (default: the embedded GGUF)"
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -89,7 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "agents.json")
     p.add_argument("--plot-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/radixrt-agents-logs"))
-    p.add_argument("--readme", action="store_true", help="write the summary into benchmarks/README.md")
+    p.add_argument("--readme", action="store_true", help="write the summary into docs/benchmarks.md")
+    p.add_argument(
+        "--readme-section", default="agents", help="its section there (another name keeps the suite's own)"
+    )
     p.add_argument(
         "--from-json", type=Path, default=None, help="re-render plots/tables/README from a saved --out"
     )
@@ -155,7 +160,7 @@ def render(data: dict[str, Any], args: argparse.Namespace) -> None:
             + "\n".join(f"- `{name}`: {desc}" for name, desc in data["workloads"].items())
             + "\n\n![programs/s vs parallelism](results/agents_programs_per_s.png)\n\n"
             "![hit rate vs optimum](results/agents_hit_rate.png)")  # fmt: skip
-    update_readme_section("agents", text)
+    update_readme_section(args.readme_section, text)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ run from an empty cache.
   cache on (cached tokens are read from its verbose log: "N prefix-match hit"); restarted per run. NOTE:
   ``--interrupt_requests false``: by default it cuts a streaming completion short (sends ``[DONE]``)
   whenever another request is waiting, which truncates outputs at parallel > 1 and skips its cache save;
+- ``openvino``: OpenVINO GenAI's ``ContinuousBatchingPipeline`` on the same GGUF file, prefix caching on,
+  in-process (`openvino_backend.OpenVINOBackend`); no cached-token count, no ``select``;
 - ``hf``: HF transformers ``generate``, one call at a time (`hf_backend.HFBackend`);
 - ``url``: any OpenAI-compatible server (``--base-url``), cached tokens from its ``usage``.
 """
@@ -28,7 +30,7 @@ from frontend_lang import BaseBackend, EngineBackend, RuntimeEndpoint
 from frontend_lang.chat_template import template_for_tokenizer
 from radixrt.models.tokenizer import load_tokenizer
 
-ALL_BACKENDS = ("radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "llama.cpp", "hf")
+ALL_BACKENDS = ("radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "openvino", "llama.cpp", "hf")
 SERVER_FLAGS = {
     "radixrt": [],
     "radix-off": ["--disable-radix-cache"],
@@ -191,6 +193,41 @@ class LlamaCppSide(Side):
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+class OpenVINOSide(Side):
+    """OpenVINO GenAI in-process; ``reset`` builds a new pipeline (it has no cache flush)."""
+
+    supports_select = False  # echo's prompt logprobs skip the prefix-cached tokens
+
+    def __init__(
+        self, gguf: Path, model_dir: str, threads: int, properties: dict[str, Any] | None = None
+    ) -> None:
+        from importlib.metadata import version
+
+        from benchmarks.agents.openvino_backend import OpenVINOBackend
+
+        self.name = "openvino"
+        self.threads = threads
+        self.version = version("openvino-genai")
+        self.backend = OpenVINOBackend(gguf, model_dir, threads, properties=properties)
+        self.tokenizer = self.backend.tokenizer
+
+    def counters(self) -> dict[str, float | None]:
+        return {"prompt_tokens": float(self.backend.counters["prompt_tokens"])}  # type: ignore[attr-defined]
+
+    def cpu_seconds(self) -> float | None:
+        return time.process_time()
+
+    def reset(self) -> None:
+        if not self.backend.flush_cache():
+            raise RuntimeError("openvino: cannot rebuild the pipeline (requests still running?)")
+
+    def describe(self) -> str:
+        b: Any = self.backend
+        return (f"OpenVINO GenAI {self.version} ContinuousBatchingPipeline on <gguf>, in-process, prefix caching, "
+                f"cache {b.cache_gb} GB, max_num_batched_tokens {b.max_batched_tokens}, "
+                f"INFERENCE_NUM_THREADS {self.threads}")  # fmt: skip
 
 
 class HFSide(Side):

@@ -7,9 +7,10 @@ from typing import Any
 
 from benchmarks.common import format_table
 
-HEADLINE = ("radixrt", "radixrt-engine", "llama.cpp", "hf", "radix-off", "radixrt-fcfs", "url")
-COLORS = dict(zip(HEADLINE, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray"),
-                  strict=True))  # fmt: skip
+HEADLINE = ("radixrt", "radixrt-engine", "openvino", "llama.cpp", "hf", "radix-off", "radixrt-fcfs", "url")
+COLORS = dict(zip(HEADLINE, ("tab:blue", "tab:orange", "tab:olive", "tab:green", "tab:red", "tab:purple", "tab:brown",
+                             "tab:gray"), strict=True))  # fmt: skip
+PEERS = ("openvino", "llama.cpp", "hf", "radix-off")  # radixrt / each of these in the headline table
 
 
 def _find(
@@ -50,14 +51,14 @@ def headline_table(runs: list[dict[str, Any]], parallel: int) -> str:
     """Per workload: programs/s of each system at ``parallel`` and radixrt's ratios to the others."""
     backends = [b for b in HEADLINE if any(r["backend"] == b for r in runs)]
     headers = ["workload", *[f"{b} prog/s" for b in backends]]
-    headers += ["radixrt / llama.cpp", "radixrt / hf", "radixrt / radix-off", "hit/opt radixrt", "hit/opt llama.cpp",
-                "EM / F1"]  # fmt: skip
+    peers = [p for p in PEERS if p in backends]
+    headers += [f"radixrt / {p}" for p in peers] + ["hit/opt radixrt", "hit/opt llama.cpp", "EM / F1"]
     rows = []
     for wl in workload_names(runs):
         cell = {b: _find(runs, wl, b, parallel) for b in backends}
         rx = cell.get("radixrt")
         row = [wl, *[_cell(cell[b], "programs_per_s") for b in backends]]
-        for other in ("llama.cpp", "hf", "radix-off"):
+        for other in peers:
             o = cell.get(other)
             r = _ratio(rx, o)
             row.append(
@@ -133,6 +134,12 @@ def targets(runs: list[dict[str, Any]], parallel: int) -> list[tuple[str, bool |
                  "cpu_s_per_program")  # fmt: skip
     out.append((f"react programs/s radixrt / llama.cpp >= 3 (parallel {parallel})", None if r is None else r >= 3,
                 f"{_num(r, '.2f')} (CPU seconds per program, llama.cpp / radixrt: {_num(cpu, '.2f')})"))  # fmt: skip
+    for b in ("radixrt", "radixrt-engine"):
+        ov = _ratio(_find(runs, "react", b, parallel), _find(runs, "react", "openvino", parallel))
+        if ov is not None:
+            out.append(
+                (f"react programs/s {b} / openvino >= 1.5 (parallel {parallel})", ov >= 1.5, f"{ov:.2f}")
+            )
     for wl in workload_names(runs):
         for b in ("radixrt", "radixrt-engine"):
             run = _find(runs, wl, b, parallel)

@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.agents import multi_turn, rag, react, tot
-from benchmarks.agents.backends import HFSide, LlamaCppSide, RadixSide, Side, UrlSide
+from benchmarks.agents.backends import HFSide, LlamaCppSide, OpenVINOSide, RadixSide, Side, UrlSide
 from benchmarks.agents.data import Corpus, Wikipedia, load_traces
 from benchmarks.agents.runner import run_workload
 from benchmarks.agents.workload import Scale, Workload
@@ -48,9 +48,14 @@ def side_factory(name: str, args: argparse.Namespace, log_dir: Path) -> Callable
         return lambda: RadixSide.engine(name, args.model_path, args.kv_tokens)
     if name in SERVER_FLAGS:
         return lambda: RadixSide.launch(name, args.model_path, args.kv_tokens, SERVER_FLAGS[name], log_dir)
+
+    def gguf() -> Path:
+        return Path(args.gguf) if args.gguf else embedded_gguf_path()
+
     if name == "llama.cpp":
-        gguf = Path(args.gguf) if args.gguf else embedded_gguf_path()
-        return lambda: LlamaCppSide(gguf, model_dir, args.threads, args.llama_ctx, log_dir)
+        return lambda: LlamaCppSide(gguf(), model_dir, args.threads, args.llama_ctx, log_dir)
+    if name == "openvino":
+        return lambda: OpenVINOSide(gguf(), model_dir, args.threads)
     if name == "hf":
         return lambda: HFSide(model_dir, args.hf_dtype)
     if name == "url":

@@ -71,6 +71,9 @@ def write_gguf(
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     rope = cfg.get("rope_parameters") or {}
     writer.add_name("mistral" if model_type == "mistral" else f"random-{model_type}")
+    # llama.cpp's converter always writes it; OpenVINO GenAI's GGUF reader refuses a file without it
+    file_type = "ALL_F32" if quant_type == "F32" else f"MOSTLY_{quant_type}"
+    writer.add_file_type(int(gguf.LlamaFileType[file_type]))
     writer.add_context_length(int(cfg["max_position_embeddings"]))
     writer.add_embedding_length(int(cfg["hidden_size"]))
     writer.add_block_count(int(cfg["num_hidden_layers"]))
