@@ -64,9 +64,7 @@ def machine_info(threads: int) -> dict[str, Any]:
 def scrub_paths(text: str) -> str:
     """Replace this machine's absolute paths (repo, home, site-packages) with neutral ones."""
     site = str(Path(torch.__file__).resolve().parent.parent)
-    shared = str(REPO_ROOT.parent / "shared") + "/"  # the project's data, beside the repository
     for old, new in (
-        (shared, "../shared/"),
         (str(REPO_ROOT) + "/", ""),
         (site + "/", "site-packages/"),
         (str(Path.home()), "~"),

@@ -7,12 +7,13 @@ Run from the repo root::
     python -m benchmarks.kv_tiers --chat-convs 8 --react-traces 4 --skip-quality --out /tmp/kt.json --plot /tmp/kt.png
 
 Workloads (``benchmarks/prefix_workloads.py``): multi-turn chat (every turn = previous prompt + answer +
-a new user message) and ReAct (the HotpotQA traces at ``--data``: a shared few-shot header, then one call
-per step on the growing scratchpad). Calls go round-robin over the conversations (turn k of every
-conversation, then turn k+1), ``--concurrency`` at a time: the access pattern of many users taking
-turns, where LRU over a pool smaller than the working set keeps evicting exactly what comes back next.
-The device pool is ``--device-fraction`` (1/8) of the working set (the union trie of every prompt and
-answer; never below what the longest call needs). Configurations on the same engine settings:
+a new user message) and ReAct (the HotpotQA traces at ``--data``, else synthetic chains of that shape: a
+shared few-shot header, then one call per step on the growing scratchpad). Calls go round-robin over
+the conversations (turn k of every conversation, then turn k+1), ``--concurrency`` at a time: the access
+pattern of many users taking turns, where LRU over a pool smaller than the working set keeps evicting
+exactly what comes back next. The device pool is ``--device-fraction`` (1/8) of the working set (the
+union trie of every prompt and answer; never below what the longest call needs). Configurations on the
+same engine settings:
 
 - ``none``: the RadixCache alone;
 - ``host``: ``--enable-hierarchical-cache`` with a host pool of ``--host-ratio`` x the device pool
@@ -46,7 +47,6 @@ from typing import Any
 import torch
 
 from benchmarks.common import RESULTS_DIR, bench_checkpoint, machine_info, write_json
-from benchmarks.prefix_cache import DEFAULT_DATA
 from benchmarks.prefix_workloads import (
     Workload,
     dry_run_sequences,
@@ -55,6 +55,7 @@ from benchmarks.prefix_workloads import (
     react_synthetic,
     union_size,
 )
+from benchmarks.react_traces import DATA_SOURCE, data_label, traces_file
 from radixrt import Engine
 from radixrt.mem_cache.kv_pool import KVPool
 from radixrt.models.tokenizer import load_tokenizer
@@ -77,7 +78,7 @@ def build_workloads(args: argparse.Namespace, model_dir: Path, vocab: int) -> li
     chat = multi_turn_chat(
         args.chat_convs, args.chat_turns, args.chat_system_len, args.chat_user_len, 32, vocab, args.seed
     )
-    if args.data is not None and args.data.is_file():
+    if args.data is not None:
         react = react_from_data(args.data, load_tokenizer(str(model_dir)), args.react_traces, 1, 16)
     else:
         react = react_synthetic(args.react_traces, 1024, 16, vocab, args.seed)
@@ -247,7 +248,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "kv_tiers",
         "meta": machine_info(args.threads),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        | {"data": data_label(args.data)},
         "workloads": {},
         "runs": [],
         "restart": [],
@@ -290,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.skip_quality:
         from benchmarks.kv_tiers_fp8 import fp8_quality
 
-        result["fp8_quality"] = fp8_quality(args.data, args.quality_prompts, args.quality_texts)
+        result["fp8_quality"] = fp8_quality(traces_file(args.data), args.quality_prompts, args.quality_texts)
     result["targets"] = targets(result)
     return result
 
@@ -317,7 +319,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="tiny", choices=["tiny", "88m"])
     p.add_argument(
-        "--data", type=Path, default=DEFAULT_DATA, help="ReAct traces (JSONL); synthetic if absent"
+        "--data",
+        type=Path,
+        default=None,
+        help=f"{DATA_SOURCE}. Default: synthetic token chains of the same shape for the tiers, synthetic "
+        "traces (benchmarks/react_traces.py) for the FP8 perplexity texts",
     )
     p.add_argument("--chat-convs", type=int, default=32)
     p.add_argument("--chat-turns", type=int, default=6)
@@ -344,11 +350,13 @@ def main() -> None:
     p.add_argument("--readme", action="store_true")
     p.add_argument("--quality-only", action="store_true", help="rerun the FP8 quality part into --out's JSON")
     args = p.parse_args()
+    if args.data is not None and not args.data.is_file():
+        p.error(f"--data {args.data}: no such file")
     if args.quality_only:
         from benchmarks.kv_tiers_fp8 import fp8_quality
 
         result = json.loads(args.out.read_text())
-        result["fp8_quality"] = fp8_quality(args.data, args.quality_prompts, args.quality_texts)
+        result["fp8_quality"] = fp8_quality(traces_file(args.data), args.quality_prompts, args.quality_texts)
         result["targets"] = targets(result)
     else:
         result = run(args)

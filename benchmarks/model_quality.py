@@ -5,8 +5,9 @@
 
 - greedy agreement: 16 held chat prompts, 128 greedy tokens each; the share of tokens before the first
   divergence from fp32 and the number of identical sequences;
-- perplexity on real English: the thoughts and observations of the first ReAct traces in
-  ``--data`` (HotpotQA), scored as prompt logprobs (one prefill-only request per text, 512 tokens each);
+- perplexity on English: the thoughts and observations of the first ReAct traces in ``--data``
+  (HotpotQA; without it synthetic traces, template English), scored as prompt logprobs (one
+  prefill-only request per text, 512 tokens each);
 
 and, once: the first-use GGUF conversion (fresh cache dir), the cache's size and the load time after it.
 """
@@ -27,9 +28,9 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.common import RESULTS_DIR, format_table, machine_info, update_readme_section, write_json
+from benchmarks.react_traces import DATA_HELP, traces_file
 from radixrt import Engine
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "react" / "hotpotqa_100.jsonl"
 PROMPTS = [
     "What is the capital of France?",
     "Explain in two sentences why the sky is blue.",
@@ -140,7 +141,7 @@ def first_use(model_path: str | None) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-path", default=None, help="HF directory or .gguf (default: the embedded model)")
-    p.add_argument("--data", type=Path, default=DATA, help="ReAct traces (jsonl) for the perplexity text")
+    p.add_argument("--data", type=Path, default=None, help=f"the perplexity texts. {DATA_HELP}")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
     p.add_argument("--skip-startup", action="store_true", help="skip the first-use conversion timing")
     p.add_argument("--new-tokens", type=int, default=128)
@@ -150,7 +151,7 @@ def main() -> None:
     p.add_argument("--readme", action="store_true", help="update benchmarks/README.md")
     ns = p.parse_args()
     startup = None if ns.skip_startup else first_use(ns.model_path)
-    texts = react_texts(ns.data, ns.ppl_texts)
+    texts = react_texts(traces_file(ns.data), ns.ppl_texts)
     results: dict[str, Any] = {}
     ref: list[list[int]] | None = None
     for mode in tqdm(ns.modes.split(","), desc="modes"):

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, bench_checkpoint, machine_info, write_json
+from benchmarks.common import RESULTS_DIR, bench_checkpoint, machine_info, write_json
 from benchmarks.prefix_report import plot_hit_rate, print_summary, update_readme
 from benchmarks.prefix_workloads import (
     Workload,
@@ -49,11 +49,11 @@ from benchmarks.prefix_workloads import (
     union_size,
 )
 from benchmarks.radix_micro import bench_match_insert
+from benchmarks.react_traces import DATA_SOURCE, data_label
 from radixrt import Engine
 from radixrt.config.server_args import SCHEDULE_POLICIES
 from radixrt.models.tokenizer import load_tokenizer
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "react" / "hotpotqa_100.jsonl"
 COUNTERS = (
     "prompt_tokens",
     "cached_tokens",
@@ -105,7 +105,7 @@ def build_workloads(args: argparse.Namespace, model_dir: Path, vocab: int) -> li
             )
         )
     if "react" in args.workloads:
-        if args.data is not None and args.data.is_file():
+        if args.data is not None:
             out.append(
                 react_from_data(
                     args.data,
@@ -246,7 +246,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "prefix_cache",
         "meta": machine_info(args.threads),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        | {"data": data_label(args.data)},
         "workloads": summaries,
         "runs": runs,
         "radix_micro": micro,
@@ -316,8 +317,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--data",
         type=Path,
-        default=DEFAULT_DATA if DEFAULT_DATA.is_file() else None,
-        help="ReAct traces jsonl (default: ../shared/data/react/hotpotqa_100.jsonl when present)",
+        default=None,
+        help=f"{DATA_SOURCE}. Default: synthetic token chains of the same shape (--react-header-len)",
     )
     g.add_argument("--react-traces", type=int, default=12)
     g.add_argument("--react-fewshot", type=int, default=1, help="traces used as the shared few-shot header")
@@ -333,7 +334,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--out", type=Path, default=RESULTS_DIR / "prefix_cache.json")
     g.add_argument("--plot", type=Path, default=RESULTS_DIR / "hit_rate_vs_kv.png")
     g.add_argument("--readme", action="store_true", help="rewrite this size's table in benchmarks/README.md")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.data is not None and not args.data.is_file():
+        p.error(f"--data {args.data}: no such file")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -167,7 +167,7 @@ def react_from_data(
         "react",
         chains,
         dict(
-            source=str(path),
+            source=path.name,  # the file's name: no machine path in the results
             traces=len(chains),
             fewshot=fewshot,
             header_tokens=len(header_ids),

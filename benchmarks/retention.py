@@ -34,10 +34,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from benchmarks.agents import multi_turn, react, tot
-from benchmarks.agents.data import DEFAULT_DATA, load_traces
+from benchmarks.agents.data import load_traces
 from benchmarks.agents.workload import Scale, Workload
 from benchmarks.belady import TraceRequest, simulate, working_set
 from benchmarks.common import write_json
+from benchmarks.react_traces import DATA_HELP, traces_file
 from frontend_lang import Runtime, RuntimeEndpoint
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -216,7 +217,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--react-data", type=Path, default=DEFAULT_DATA, help="HotpotQA ReAct traces (jsonl)")
+    p.add_argument("--react-data", type=Path, default=None, help=DATA_HELP)
     p.add_argument("--model-path", default=None, help="default: a tiny random Llama (built once)")
     p.add_argument("--workloads", default="react,multi_turn,tot")
     p.add_argument("--fractions", default="0.25,0.5", help="KV pool sizes as fractions of the working set")
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fractions = [0.5] if args.quick else [float(f) for f in args.fractions.split(",")]
     parallel = 4 if args.quick else args.parallel
     model = args.model_path or str(tiny_model())
-    workloads = build_workloads(args.react_data, names, args.quick)
+    workloads = build_workloads(traces_file(args.react_data), names, args.quick)
     log_dir = Path(tempfile.mkdtemp(prefix="retention-logs-"))
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(names) * (1 + 2 * len(fractions)), desc="retention runs")

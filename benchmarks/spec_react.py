@@ -1,9 +1,9 @@
 """N-gram speculative decoding on the ReAct trace replay: acceptance length and speed-up at batch 1 and 8.
 
 ``python -m benchmarks.spec_react [--readme]``: SGLang's ReAct benchmark shape on the embedded model. For
-each question of ``--data`` (HotpotQA traces): a few-shot header (the first traces, in full), then per
-recorded step the model writes its thought and action (greedy, stop at "Observation"), and the recorded
-observation is appended, as the benchmark does. Run once with ``--speculative-algorithm NGRAM`` and once
+each question of ``--data`` (HotpotQA traces; synthetic ones of the same shape without it): a few-shot
+header (the first traces, in full), then per recorded step the model writes its thought and action
+(greedy, stop at "Observation"), and the recorded observation is appended, as the benchmark does. Run once with ``--speculative-algorithm NGRAM`` and once
 without, same prompts; greedy outputs must be identical (checked).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.common import RESULTS_DIR, format_table, machine_info, update_readme_section, write_json
-from benchmarks.model_quality import DATA
+from benchmarks.react_traces import DATA_HELP, data_label, traces_file
 from radixrt import Engine
 
 
@@ -68,7 +68,7 @@ def replay(eng: Engine, head: str, questions: list[tuple[str, list[dict[str, str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--data", type=Path, default=None, help=DATA_HELP)
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--shots", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
@@ -77,7 +77,7 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--readme", action="store_true")
     ns = p.parse_args()
-    traces = load_traces(ns.data, ns.shots + ns.questions)
+    traces = load_traces(traces_file(ns.data), ns.shots + ns.questions)
     head, questions = header(traces[: ns.shots]), traces[ns.shots :]
     results: dict[str, Any] = {}
     outputs: dict[str, list[str]] = {}
@@ -110,7 +110,7 @@ def main() -> None:
     note = (f"{len(questions)} questions x {ns.steps} steps, {ns.shots}-shot header, greedy, "
             f"{ns.draft_tokens} draft tokens; outputs identical on/off: {identical}")  # fmt: skip
     write_json(RESULTS_DIR / "spec_react.json", {"machine": machine_info(0), "results": results,
-                                                  "identical": identical, "args": vars(ns) | {"data": "hotpotqa_100.jsonl"}})  # fmt: skip
+                                                  "identical": identical, "args": vars(ns) | {"data": data_label(ns.data)}})  # fmt: skip
     print(table + "\n\n" + note)
     if ns.readme:
         update_readme_section("spec_react", table + "\n\n" + note)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from common import make_backend, parse_args, print_cache_stats
+from common import cache_counters, make_backend, parse_args, print_cache_stats
 
 import frontend_lang as sgl
 
@@ -49,11 +49,12 @@ def classify(s: Any, review: str) -> dict[str, str]:
     return {"sentiment": s["sentiment"], "topic": s["topic"], "rating": s["rating"]}
 
 
-def main() -> None:
-    ns = parse_args(__doc__)
-    started = time.perf_counter()
-    backend = make_backend(ns)
-    states = classify.run_batch([{"review": r} for r in REVIEWS], temperature=0, progress_bar=True)
+def run(backend: sgl.BaseBackend) -> None:
+    """Classify every review and print the answers: select and a greedy regex gen, one review at a time
+    (concurrent reviews batch differently from run to run), so the same text every run."""
+    states = classify.run_batch(
+        [{"review": r} for r in REVIEWS], backend=backend, temperature=0, num_threads=1, progress_bar=True
+    )
     print(f"\n{'sentiment':>9} {'topic':>11} rating  review")
     for review, st in zip(REVIEWS, states, strict=True):
         if st.error() is not None:
@@ -61,7 +62,14 @@ def main() -> None:
             continue
         r = st.ret_value
         print(f"{r['sentiment']:>9} {r['topic']:>11} {r['rating']:>6}  {review}")
-    print_cache_stats(backend, started)
+
+
+def main() -> None:
+    ns = parse_args(__doc__)
+    backend = make_backend(ns)
+    before, started = cache_counters(backend), time.perf_counter()
+    run(backend)
+    print_cache_stats(backend, started, before)
     backend.shutdown()
 
 

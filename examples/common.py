@@ -8,6 +8,7 @@ directory or a .gguf file) instead; ``--url http://host:port`` uses a running ra
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 
@@ -28,22 +29,44 @@ def parse_args(
     return parser.parse_args()
 
 
+def progress(message: str) -> None:
+    """A progress line on stderr (with the progress bars), so that stdout holds only the results."""
+    print(f"-- {message}", file=sys.stderr, flush=True)
+
+
 def make_backend(ns: argparse.Namespace) -> sgl.BaseBackend:
     """An in-process Engine backend, or a RuntimeEndpoint with ``--url``; also the default backend."""
     if ns.url:
         backend: sgl.BaseBackend = sgl.RuntimeEndpoint(ns.url, api_key=ns.api_key)
     else:
+        started = time.perf_counter()
+        name = ns.model_path or "the embedded SmolLM2-135M-Instruct"
+        progress(f"loading {name} (the first run converts the GGUF file, then compiles the decode step)")
         backend = sgl.EngineBackend(model_path=ns.model_path, max_total_tokens=32768)
+        progress(f"model ready in {time.perf_counter() - started:.1f} s")
     sgl.set_default_backend(backend)
     return backend
 
 
-def print_cache_stats(backend: sgl.BaseBackend, started: float) -> None:
-    """What the RadixCache saved over the whole run: prompt tokens the worker did not have to compute."""
+COUNTERS = ("num_requests", "prompt_tokens", "computed_prefill_tokens", "generation_tokens")
+
+
+def cache_counters(backend: sgl.BaseBackend) -> dict[str, int]:
+    """The worker's request and token counters now (``print_cache_stats`` reports the change since)."""
     info = backend.get_server_info()
-    prompt, computed = int(info["prompt_tokens"]), int(info["computed_prefill_tokens"])
+    return {k: int(info[k]) for k in COUNTERS}
+
+
+def print_cache_stats(backend: sgl.BaseBackend, started: float, before: dict[str, int] | None = None) -> None:
+    """What the RadixCache saved since ``before`` (default: since the worker started): prompt tokens the
+    worker did not have to compute. The counts go to stdout, the time to stderr (it differs every run)."""
+    now = cache_counters(backend)
+    n = {k: now[k] - (before or {}).get(k, 0) for k in COUNTERS}
+    prompt, computed = n["prompt_tokens"], n["computed_prefill_tokens"]
     print(
-        f"\ncache: {int(info['num_requests'])} requests with {prompt} prompt tokens; the worker computed "
+        f"\ncache: {n['num_requests']} requests with {prompt} prompt tokens; the worker computed "
         f"{computed} of them, {prompt - computed} ({(prompt - computed) / max(prompt, 1):.0%}) came from the "
-        f"RadixCache; generated {int(info['generation_tokens'])} tokens in {time.perf_counter() - started:.1f}s"
+        f"RadixCache; generated {n['generation_tokens']} tokens",
+        flush=True,
     )
+    progress(f"done in {time.perf_counter() - started:.1f} s")

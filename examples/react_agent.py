@@ -2,15 +2,20 @@
 
 ``python examples/react_agent.py`` — every question shares the few-shot prompt (cached once by
 run_batch), and each step extends the same growing scratchpad, so each request only computes its new
-tokens. Thoughts stop at the next "Action"; the tool name is a ``select``; its argument stops at "]".
+tokens. A thought is one line: it stops at the end of the line or at the next "Action", "Thought",
+"Observation" or "Question" marker (SGLang's ReAct benchmark stops at "Observation"); the tool name is a
+``select``; its argument stops at "]". Greedy decoding, one question at a time: the same text every run.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from common import make_backend, parse_args, print_cache_stats
+from common import cache_counters, make_backend, parse_args, print_cache_stats
+from tqdm import tqdm
 
 import frontend_lang as sgl
 
@@ -43,6 +48,9 @@ Thought 2: The novel is by Philip K. Dick.
 Action 2: Finish[Philip K. Dick]
 
 """
+# NOTE: without the newline and the markers, a small model writes the next step itself ("Thought 3:" before
+# "Action 2:"): a thought ends where the format's next line begins.
+THOUGHT_STOP = ["\n", "Action", "Thought", "Observation", "Question"]
 QUESTIONS = [
     "What is the highest mountain in Africa?",
     "In which year did people first land on the Moon?",
@@ -75,17 +83,46 @@ def lookup(keyword: str, last: str) -> str:
     return sentences[0] if sentences else "No more results."
 
 
+def worker_stop_ids(backend: sgl.BaseBackend) -> dict[str, list[int] | None]:
+    """``react``'s ``line_end_ids`` (tokens whose text holds a newline) and ``arg_end_ids`` (a newline or
+    "]"), from the backend's tokenizer; None without a local tokenizer.
+
+    NOTE: a stop string is matched outside the worker, which may decode a token or two past it before
+    the abort reaches it; those tokens enter the prefix cache, the next step's prompt reuses a varying
+    number of them, and the rounding that changes can flip a small model's greedy choice. A stop token
+    id ends the generation inside the worker at once: the same text on every run."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        return {"line_end_ids": None, "arg_end_ids": None}
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return {
+        "line_end_ids": [i for i, text in enumerate(texts) if "\n" in text],
+        "arg_end_ids": [i for i, text in enumerate(texts) if "\n" in text or "]" in text],
+    }
+
+
 @sgl.function
-def react(s: Any, question: str, max_steps: int = 3) -> str | None:
+def react(
+    s: Any,
+    question: str,
+    max_steps: int = 3,
+    on_step: Callable[[], None] | None = None,
+    line_end_ids: list[int] | None = None,
+    arg_end_ids: list[int] | None = None,
+) -> str | None:
+    """One ReAct episode; ``on_step`` is called after each action; ``line_end_ids`` / ``arg_end_ids``
+    end a thought / an action's argument in the worker (see ``worker_stop_ids``)."""
     s += FEW_SHOT + f"Question: {question}\n"
     last = ""
     for step in range(1, max_steps + 1):
         s += f"Thought {step}:" + sgl.gen(
-            f"thought{step}", max_tokens=32, stop=[f"\nAction {step}:", "\nObservation", "\nQuestion:"]
+            f"thought{step}", max_tokens=32, stop=THOUGHT_STOP, stop_token_ids=line_end_ids
         )
         s += f"\nAction {step}: " + sgl.select(f"tool{step}", choices=["Search", "Lookup", "Finish"])
-        s += "[" + sgl.gen(f"arg{step}", max_tokens=12, stop=["]", "\n"]) + "]"
+        s += "[" + sgl.gen(f"arg{step}", max_tokens=12, stop=["]", "\n"], stop_token_ids=arg_end_ids) + "]"
         tool, arg = s[f"tool{step}"], s[f"arg{step}"]
+        if on_step is not None:
+            on_step()
         if tool == "Finish":
             return str(arg)
         last = search(arg) if tool == "Search" else lookup(arg, last)
@@ -93,11 +130,15 @@ def react(s: Any, question: str, max_steps: int = 3) -> str | None:
     return None
 
 
-def main() -> None:
-    ns = parse_args(__doc__)
-    started = time.perf_counter()
-    backend = make_backend(ns)
-    states = react.run_batch([{"question": q} for q in QUESTIONS], temperature=0.7, progress_bar=True)
+def run(backend: sgl.BaseBackend) -> None:
+    """Answer every question (greedy) on ``backend`` and print each trace; a progress bar on stderr counts
+    the agents' steps as they happen."""
+    with tqdm(desc=f"ReAct steps ({len(QUESTIONS)} questions)", unit="step", file=sys.stderr) as bar:
+        ends = worker_stop_ids(backend)
+        args = [{"question": q, "on_step": bar.update, **ends} for q in QUESTIONS]
+        # NOTE: one program at a time: concurrent programs share decode batches that differ from run to
+        # run, and a rounding difference flips a small model's greedy choice (the same text every run)
+        states = react.run_batch(args, backend=backend, temperature=0, num_threads=1, progress_bar=False)
     for q, st in zip(QUESTIONS, states, strict=True):
         if st.error() is not None:
             print(f"\n{q}\n  error: {st.error()!r}")
@@ -105,8 +146,15 @@ def main() -> None:
         trace = st.text()[len(FEW_SHOT) :]
         steps = trace.count("\nAction ")
         print(f"\n{q}\n  steps: {steps}, answer: {st.ret_value!r}")
-        print("  " + trace.replace("\n", "\n  ")[:600])
-    print_cache_stats(backend, started)
+        print("  " + trace.rstrip("\n").replace("\n", "\n  "))
+
+
+def main() -> None:
+    ns = parse_args(__doc__)
+    backend = make_backend(ns)
+    before, started = cache_counters(backend), time.perf_counter()
+    run(backend)
+    print_cache_stats(backend, started, before)
     backend.shutdown()
 
 

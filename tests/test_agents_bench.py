@@ -8,8 +8,8 @@ llama.cpp / ``--base-url``, HF transformers) run the same programs to the same o
 
 from __future__ import annotations
 
-import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +18,13 @@ import pytest
 from server_harness import ServerProcess
 
 from benchmarks.agents.backends import EndpointWithIds, EngineWithIds, HFSide, RadixSide, Side, UrlSide
+from benchmarks.agents.data import Wikipedia, load_traces, parse_action
 from benchmarks.agents.recorder import Request
 from benchmarks.agents.report import detail_table, headline_table, targets
 from benchmarks.agents.runner import run_optimum, run_workload
 from benchmarks.agents.suite import WORKLOADS, build_workloads
 from benchmarks.agents.workload import Scale, Workload
+from benchmarks.react_traces import synthetic_traces, traces_file, write_traces
 from frontend_lang import EngineBackend
 
 pytest_plugins = ["frontend_fixtures", "server_fixtures"]
@@ -32,26 +34,11 @@ TINY = Scale(react_shots=1, react_max_tokens=6, react_live_steps=2, rag_k=2, rag
              tot_depth=2, tot_max_tokens=4)  # fmt: skip
 
 
-def _traces(path: Path) -> Path:
-    """Four HotpotQA-shaped traces (Search, Lookup, Finish) written to ``path``."""
-    rows = []
-    for q in range(4):
-        steps = [
-            {"thought": f"I need to search topic {q}.", "action": f"Search[Topic {q}]",
-             "observation": f"Topic {q} is a town in county {q}. It was founded in {1800 + q}. Its river is long."},
-            {"thought": "I should look up the founding.", "action": "Lookup[founded]",
-             "observation": f"(Result 1 / 1) It was founded in {1800 + q}."},
-            {"thought": "So the answer is the year.", "action": f"Finish[{1800 + q}]",
-             "observation": "Episode finished, reward = 1"},
-        ]  # fmt: skip
-        rows.append(json.dumps({f"Question: When was topic {q} founded?": steps[: 2 + q % 2]}))
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def workloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Workload]:
-    data = _traces(tmp_path_factory.mktemp("agents") / "traces.jsonl")
+    # the suite's own stand-in for the HotpotQA file: four traces (Search, a failed Search, Lookup, Finish;
+    # the fourth stops before Finish)
+    data = write_traces(tmp_path_factory.mktemp("agents") / "traces.jsonl", synthetic_traces(4))
     return {w.name: w for w in build_workloads(data, TINY, list(WORKLOADS))}
 
 
@@ -175,3 +162,36 @@ def test_optimum_matches_brute_force() -> None:
         assert (opt.union_prompt_tokens, opt.decode_supplied) == (union, supplied), records
         assert opt.prompt_tokens == sum(len(p) for p, _ in records)
         assert opt.optimal_hit == opt.prompt_tokens - union + supplied
+
+
+def test_synthetic_traces_have_the_real_files_shape(tmp_path: Path) -> None:
+    """Without --data the benchmarks replay ``synthetic_traces``: deterministic, the file's JSON shape, and
+    episodes whose Finish answers follow from their own observations (a founded-first question's answer
+    is the town with the earlier year)."""
+    assert synthetic_traces(12, seed=3) == synthetic_traces(12, seed=3) != synthetic_traces(12, seed=4)
+    path = traces_file(None, 40, seed=5)
+    assert (
+        path.read_text(encoding="utf-8")
+        == write_traces(tmp_path / "t.jsonl", synthetic_traces(40, 5)).read_text()
+    )
+    traces = load_traces(path)
+    assert len(traces) == 40 and 0.6 <= sum(t.answer is not None for t in traces) / 40 <= 0.9
+    checked = 0
+    for t in traces:
+        assert 2 <= len(t.steps) <= 5 and all(set(s) == {"thought", "action", "observation"} for s in t.steps)
+        assert all(parse_action(s["action"]) is not None for s in t.steps)
+        m = re.fullmatch(r"Which town was founded first, (\w+) or (\w+)\?", t.question)
+        if m and t.answer is not None:
+            years = {}
+            for s in t.steps:
+                page = re.match(r"(\w+) is a .*? It was founded in (\d+)", s["observation"])
+                if page:
+                    years[page.group(1)] = int(page.group(2))
+            assert t.answer == min(m.groups(), key=lambda town: years[town]), t
+            checked += 1
+    assert checked >= 5
+    wiki = Wikipedia(traces)
+    title = parse_action(traces[0].steps[0]["action"])
+    assert title is not None and wiki.search(title[1])[1] == traces[0].steps[0]["observation"]
+    with pytest.raises(FileNotFoundError, match="sgl-project/sglang"):
+        traces_file(tmp_path / "missing.jsonl")

@@ -7,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+from frontend_util import FakeBackend
 
 import frontend_lang as sgl
+from frontend_lang.backends.base import PromptContext
+from frontend_lang.ir import GenParams
 
 pytest_plugins = ["frontend_fixtures"]
 
@@ -26,15 +30,55 @@ def example(name: str) -> ModuleType:
 def test_react_agent(fl_backend: sgl.EngineBackend) -> None:
     mod = example("react_agent")
     assert "Paris" in mod.search("Search[eiffel tower]") and "Could not find" in mod.search("zzz")
-    states = mod.react.run_batch([{"question": q} for q in mod.QUESTIONS[:2]], backend=fl_backend,
-                                 progress_bar=False, temperature=0.7)  # fmt: skip
+    ends = mod.worker_stop_ids(fl_backend)  # oracle: every token's own text
+    texts = [fl_backend.tokenizer.decode([i]) for i in range(len(fl_backend.tokenizer))]
+    assert ends["line_end_ids"] == [i for i, t in enumerate(texts) if "\n" in t] != []
+    assert ends["arg_end_ids"] == [i for i, t in enumerate(texts) if "\n" in t or "]" in t]
+    done: list[int] = []
+    states = mod.react.run_batch([{"question": q, "on_step": lambda: done.append(1), **ends} for q in mod.QUESTIONS[:2]],
+                                 backend=fl_backend, progress_bar=False, temperature=0.7)  # fmt: skip
+    total = 0
     for st in states:
         assert st.error() is None, st.error()
         trace = st.text()[len(mod.FEW_SHOT) :]
         assert trace.startswith("Question: ") and "\nThought 1:" in trace and "\nAction 1: " in trace
         steps = trace.count("\nAction ")
         assert steps == trace.count("\nObservation ") + (st["tool" + str(steps)] == "Finish")
-        assert "\nThought" not in st["thought1"]  # the stop strings cut every thought
+        # every line of the trace is the format's next one: Thought k / Action k / Observation k
+        lines = [ln for ln in trace.split("\n")[1:] if ln]
+        expected = [
+            f"{kind} {k}" for k in range(1, steps + 1) for kind in ("Thought", "Action", "Observation")
+        ]
+        assert [ln.split(":")[0] for ln in lines] == expected[: len(lines)]
+        total += steps
+    assert len(done) == total  # on_step: once per step
+
+
+class _Rambler(FakeBackend):
+    """Every gen "writes" a thought that runs on into the next steps; the stop strings cut it, as the
+    runtime does (its stop semantics are checked in test_frontend_engine / test_frontend_server)."""
+
+    RAMBLE = " I should search for it. Thought 3: more Action 2: Search[x]\nObservation 2: y"
+
+    def generate(self, ctx: PromptContext, params: GenParams) -> tuple[Any, dict[str, Any]]:
+        stops = [params.stop] if isinstance(params.stop, str) else params.stop or []
+        text = self.RAMBLE
+        cut = min([i for i in (text.find(x) for x in stops) if i >= 0], default=len(text))
+        return text[:cut], {}
+
+
+def test_react_thoughts_stop_at_the_next_marker() -> None:
+    """A thought ends at its line's end or at the next Action / Thought / Observation marker, never
+    carrying a later step into the trace ("Thought 3:" printed before "Action 2:")."""
+    mod = example("react_agent")
+    st = mod.react.run(question="Q?", backend=_Rambler())
+    assert st.error() is None, st.error()
+    for k in (1, 2, 3):
+        assert st[f"thought{k}"] == " I should search for it. ", st[f"thought{k}"]
+    lines = st.text()[len(mod.FEW_SHOT) :].split("\n")[1:]
+    assert [ln.split(":")[0] for ln in lines if ln] == [
+        f"{kind} {k}" for k in (1, 2, 3) for kind in ("Thought", "Action", "Observation")
+    ]
 
 
 def test_rag_pipeline(fl_backend: sgl.EngineBackend) -> None:
@@ -72,6 +116,22 @@ def test_chat_select_runs_end_to_end(fl_model: Path) -> None:
     assert saved > 50, out.stdout[-300:]
 
 
+def test_demo_runs_both_programs_on_one_engine(fl_model: Path) -> None:
+    """examples/demo.py (what scripts/demo.sh runs): the model is loaded once for both programs; results
+    on stdout, progress on stderr."""
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "demo.py"), "--model-path", str(fl_model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.count("-- model ready in ") == 1 and "compiling decode buckets" in out.stderr
+    assert "=== 1/2 ReAct agent" in out.stdout and "=== 2/2 structured answers" in out.stdout
+    assert out.stdout.count("  steps: ") == 4 and out.stdout.count("came from the RadixCache") == 2
+    assert "-- " not in out.stdout and " s\n" not in out.stdout  # no progress or timing in the results
+
+
 def test_classify(fl_backend: sgl.EngineBackend) -> None:
     mod = example("classify")
     states = mod.classify.run_batch(
@@ -85,7 +145,7 @@ def test_classify(fl_backend: sgl.EngineBackend) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["react_agent", "rag_pipeline", "tree_of_thought", "chat_select", "classify"]
+    "name", ["react_agent", "rag_pipeline", "tree_of_thought", "chat_select", "classify", "demo"]
 )
 def test_examples_have_a_main(name: str) -> None:
     assert callable(example(name).main)

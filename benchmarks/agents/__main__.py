@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from benchmarks.agents.backends import ALL_BACKENDS
-from benchmarks.agents.data import DEFAULT_DATA
 from benchmarks.agents.report import cpu_table, detail_table, headline_table, plot, targets_text
 from benchmarks.agents.suite import WORKLOADS, build_workloads, jsonl_writer, run_suite
 from benchmarks.agents.workload import Scale
 from benchmarks.common import RESULTS_DIR, machine_info, update_readme_section, write_json
+from benchmarks.react_traces import DATA_HELP, data_label, traces_file
 
 
 def _list(s: str) -> list[str]:
@@ -29,9 +29,7 @@ def _ints(s: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.agents", description=__doc__)
-    p.add_argument(
-        "--data", type=Path, default=DEFAULT_DATA, help="HotpotQA ReAct traces (jsonl), read in place"
-    )
+    p.add_argument("--data", type=Path, default=None, help=f"{DATA_HELP}; read in place")
     p.add_argument(
         "--workloads", type=_list, default=list(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}"
     )
@@ -106,8 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ns.hf_programs = ns.hf_programs or (4 if ns.full else 1)
     if "url" in ns.backends and not ns.base_url:
         p.error("the url backend needs --base-url")
-    if not ns.data.is_file():
-        p.error(f"--data {ns.data}: no such file (the HotpotQA ReAct traces, e.g. ../shared/data/react/)")
+    if ns.data is not None and not ns.data.is_file():
+        p.error(f"--data {ns.data}: no such file")
     return ns
 
 
@@ -122,13 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
     scale = Scale.full() if args.full else Scale()
-    workloads = build_workloads(args.data, scale, args.workloads)
+    workloads = build_workloads(traces_file(args.data), scale, args.workloads)
     info = machine_info(args.threads)
     t0 = time.perf_counter()
     runs = run_suite(args, workloads, jsonl_writer(args.out.with_name(args.out.stem + "_runs.jsonl")))
     info |= {"suite_wall_s": time.perf_counter() - t0, "load_avg_at_end": list(os.getloadavg())}
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    settings["data"] = args.data.name
+    settings["data"] = data_label(args.data)
     data = {"machine": info, "args": settings, "scale": {f: getattr(scale, f) for f in scale.__slots__},
             "workloads": {w.name: w.description for w in workloads}, "runs": runs}  # fmt: skip
     write_json(args.out, data)

@@ -1,8 +1,8 @@
 """The suite's data: HotpotQA ReAct traces, a BM25 "Wikipedia" and passage corpus built from their
 observations, and the answer metrics (exact match / F1, SQuAD-style normalization).
 
-The traces file is read in place (``--data``, default ``../shared/data/react/hotpotqa_100.jsonl``
-next to the repository); nothing is copied into the repository.
+The traces file is read in place (``--data``: see ``benchmarks/react_traces.py`` for where it comes from;
+without it, synthetic traces of the same shape); nothing is copied into the repository.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from pathlib import Path
 from rank_bm25 import BM25Okapi
 
 from benchmarks.prefix_workloads import load_react_traces
-
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "react" / "hotpotqa_100.jsonl"
 
 Step = dict[str, str]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,12 @@ def convert(path: Path, out_dir: Path, progress: bool = True) -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
+    if progress:  # NOTE: the metadata and the tokenizer take seconds each, outside the tensor bar
+        print(
+            f"converting {path.name} (first use): reading its metadata and blocks",
+            file=sys.stderr,
+            flush=True,
+        )
     config = hf_config(path)
     weights = read_weights(path, config)
     tensors: dict[str, torch.Tensor] = {}
@@ -223,6 +230,8 @@ def convert(path: Path, out_dir: Path, progress: bool = True) -> None:
         "pad_token_id": config.get("pad_token_id"),
     }
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if progress:
+        print(f"converting {path.name}: extracting its tokenizer", file=sys.stderr, flush=True)
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(out_dir))
     source = {
         "source": str(path.resolve()),

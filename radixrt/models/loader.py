@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tqdm import tqdm
 
 from radixrt.models.config import ModelConfig
 from radixrt.models.llama import LlamaForCausalLM
@@ -49,7 +50,7 @@ def load_model(
     loaded: set[str] = set()
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            for name in tqdm(list(f.keys()), desc=f"loading {path.name}", unit="tensor"):
                 tensor = f.get_tensor(name)
                 target = name.removeprefix("model.")
                 if target.endswith("rotary_emb.inv_freq"):

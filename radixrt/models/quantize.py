@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from radixrt.layers import QUANTIZATION_CHOICES, quantize_model_linears
 from radixrt.models.llama import LlamaForCausalLM
@@ -64,7 +65,10 @@ def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path
     from radixrt.models.gguf import GGUFWeight, read_weights
 
     config = json.loads((model_dir / "config.json").read_text())
+    # NOTE: reading the file and packing the blocks take tens of seconds on a small CPU: show the progress
+    bar = tqdm(total=len(model.layers) + 2, desc=f"loading {gguf_file.name} blocks", unit="step")
     weights = read_weights(gguf_file, config)
+    bar.update()
     dtype = model.config.dtype
 
     def linear(names: list[str], bias: list[str] | None = None) -> nn.Module:
@@ -92,5 +96,8 @@ def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path
         setattr(attn, "o_proj", linear([p + "self_attn.o_proj.weight"]))  # noqa: B010
         for name in ("gate_proj", "up_proj", "down_proj"):
             setattr(mlp, name, linear([p + f"mlp.{name}.weight"]))
+        bar.update()
     head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
     model.lm_head = linear([head])  # type: ignore[assignment]
+    bar.update()
+    bar.close()
