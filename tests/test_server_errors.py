@@ -44,7 +44,7 @@ CASES: list[tuple[str, Any, int, str, str | None]] = [
      "context length", "messages"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": True}, 400, "unrecognized", "frobnicate"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 1.0}}, 400, "logit_bias", "logit_bias"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "tool", "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "required field", "tools[0].function"),
     ("/v1/chat/completions", {**CHAT, "n": 0}, 400, "n", "n"),
     ("/v1/completions", {**COMP, "prompt": []}, 400, "prompt", "prompt"),
     ("/v1/completions", {**COMP, "prompt": [1.5]}, 400, "prompt", "prompt"),

@@ -26,6 +26,8 @@ DEVICES = ("auto", "cpu", "cuda")
 HICACHE_WRITE_POLICIES = ("auto", "write_back", "write_through")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")  # sglang-router 0.3.2's --policy
 CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")
+# radixrt.server.tool_parsers.registry's names (tests/test_tool_parsers.py checks that they match)
+TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # The first field of each section of `radixrt serve --help` and docs/flags.md (a section's fields follow it).
 SECTIONS = {
@@ -205,6 +207,14 @@ class ServerArgs:
         "What a non-admin key sees as cached_tokens: exact, page (rounded down to whole 16-token pages) or "
         "none (always 0); the coarser, the less a tenant learns about what other tenants cached.",
         CACHE_REPORT_GRANULARITIES,
+    )
+    tool_call_parser: str | None = arg(
+        None,
+        "How /v1/chat/completions reads tool calls from the output: qwen25 (Hermes / Qwen2.5 <tool_call>{json}"
+        '</tool_call>), llama3 (JSON {"name", "parameters"}), mistral ([TOOL_CALLS] [...]), pythonic '
+        "([f(a=1)]). Unset: the format the chat template writes, else qwen25 (with the generic tool prompt "
+        "for a template without tools).",
+        TOOL_CALL_PARSERS,
     )
     # -- constrained decoding ---------------------------------------------------------------------------
     disable_jump_forward: bool = arg(

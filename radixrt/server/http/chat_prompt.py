@@ -25,7 +25,7 @@ def special_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     return sorted(t for t in texts if t)
 
 
-def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> str:
+def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
     """The chat template applied to ``messages`` with the generation prompt (400 if it refuses)."""
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
@@ -35,7 +35,7 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], k
 
 
 def encode_chat(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], kwargs: dict[str, Any]
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], kwargs: dict[str, Any]
 ) -> list[int]:
     """Token ids of the rendered chat; special-token text inside message content stays plain text."""
     specials = special_texts(tokenizer)

@@ -35,6 +35,7 @@ from radixrt.server.http.streaming import (
     read_json,
     sse_event,
 )
+from radixrt.server.http.tool_calls import ToolPlan, ToolSupport, plan_tools
 from radixrt.server.io_struct import GenerateReqInput
 from radixrt.server.prompt_bound import max_token_bytes
 
@@ -68,6 +69,7 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
     """The /v1 routes of one server."""
     router = APIRouter()
     max_token_bytes(ctx.tokenizer)  # computed once, now rather than on the event loop for a request
+    tools = ToolSupport.for_tokenizer(ctx.tokenizer, ctx.args.tool_call_parser)
 
     def model_card() -> dict[str, Any]:
         return {
@@ -138,10 +140,11 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
         req = convert(body, ChatCompletionRequest)
         check_model(ctx, req.model)
         req.check()
+        plan = plan_tools(req, tools)
         if req.content_chars() < OFFLOAD_CHARS:
-            ids = chat_prompt_ids(ctx.tokenizer, req)
+            ids = chat_prompt_ids(ctx.tokenizer, req, tools, plan)
         else:  # a long conversation: template and tokenizer run on a worker thread
-            ids = await asyncio.to_thread(chat_prompt_ids, ctx.tokenizer, req)
+            ids = await asyncio.to_thread(chat_prompt_ids, ctx.tokenizer, req, tools, plan)
         if len(ids) >= ctx.context_len:
             raise APIError(
                 400,
@@ -151,9 +154,12 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             )
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_new = max_tokens if max_tokens is not None else ctx.context_len - len(ids)
+        params = req.sampling_params(max_new)
+        if plan is not None:
+            params.update(tool_constraint(ctx, tools, plan))
         obj = GenerateReqInput(
             input_ids=ids,
-            sampling_params=req.sampling_params(max_new),
+            sampling_params=params,
             return_logprob=req.logprobs,
             top_logprobs_num=req.top_logprobs or 0,
             return_text_in_logprobs=True,
@@ -163,10 +169,27 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             priority=req.priority,
             cache_control=req.cache_control,
         )
-        fmt = ChatFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid)
+        parsing = None if plan is None else (tools.parser, plan.names)
+        fmt = ChatFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid, parsing)
         return await _serve(ctx, request, obj, fmt, RENAME_CHAT)
 
     return router
+
+
+def tool_constraint(ctx: ServerContext, tools: ToolSupport, plan: ToolPlan) -> dict[str, Any]:
+    """The sampling parameter that makes the calls well-formed (none when ``auto`` stays free)."""
+    grammar = tools.grammar(plan, ctx.args.json_whitespace)
+    if grammar is None:
+        return {}
+    size = len(grammar.encode())
+    if size > ctx.args.max_grammar_bytes:
+        raise APIError(
+            400,
+            f"tools: their call grammar is {size} bytes, above this server's limit of "
+            f"{ctx.args.max_grammar_bytes} (--max-grammar-bytes)",
+            param="tools",
+        )
+    return {"ebnf": grammar}
 
 
 def _prompt_items(prompt: str | list[Any]) -> list[Any]:

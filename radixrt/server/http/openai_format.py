@@ -12,6 +12,9 @@ import time
 import uuid
 from typing import Any
 
+from radixrt.server.tool_parsers.base import ToolParser
+from radixrt.server.tool_parsers.streaming import ToolStream
+
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -105,17 +108,96 @@ class _Formatter:
         return entries[sent:], tops[sent:]
 
 
+def call_id() -> str:
+    """A tool call's ``id``, as OpenAI spells them."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 class ChatFormatter(_Formatter):
-    """/v1/chat/completions answers."""
+    """/v1/chat/completions answers; with ``tools`` (the parser and the offered function names) the
+    text is split into content and ``tool_calls``."""
 
     prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
 
     def __init__(
-        self, model: str, n: int, include_usage: bool, logprobs: bool, rid: str | None = None
+        self,
+        model: str,
+        n: int,
+        include_usage: bool,
+        logprobs: bool,
+        rid: str | None = None,
+        tools: tuple[ToolParser, list[str]] | None = None,
     ) -> None:
         super().__init__(model, n, include_usage, rid)
         self.logprobs = logprobs
+        self.tools = tools
+        self.streams: dict[int, ToolStream] = {}
+
+    def _message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The reply message (content and calls) and the finish reason (``tool_calls`` when it called)."""
+        if self.tools is None:
+            return {"role": "assistant", "content": text}, reason
+        parsed = self.tools[0].parse(text, self.tools[1])
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if not parsed.calls:
+            return message, reason
+        message["tool_calls"] = [
+            {"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.calls
+        ]
+        return message, "tool_calls" if reason == "stop" else reason
+
+    def chunks(self, out: dict[str, Any]) -> list[dict[str, Any]]:
+        """With tools: the content delta, then one chunk per call piece (a call's first chunk carries
+        its index, id, type, name and empty arguments; later ones pieces of the arguments)."""
+        if self.tools is None:
+            return super().chunks(out)
+        index = out.get("index", 0)
+        first = index not in self.last
+        self.last[index] = out
+        meta = out["meta_info"]
+        reason, matched = finish_fields(meta)
+        stream = self.streams.setdefault(index, ToolStream(*self.tools))
+        delta = stream.update(out["text"], final=reason is not None)
+        entries, tops = self._new_logprobs(index, meta)
+        deltas: list[dict[str, Any]] = []
+        if first or delta.content or entries:
+            deltas.append(
+                {"role": "assistant", "content": delta.content} if first else {"content": delta.content}
+            )
+        for piece in delta.calls:
+            if piece.name is not None:
+                fn = {"name": piece.name, "arguments": ""}
+                deltas.append(
+                    {
+                        "tool_calls": [
+                            {"index": piece.index, "id": call_id(), "type": "function", "function": fn}
+                        ]
+                    }
+                )
+            if piece.arguments:
+                deltas.append(
+                    {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]}
+                )
+        if reason is not None:
+            deltas = deltas or [{}]
+            reason = "tool_calls" if reason == "stop" and stream.has_calls else reason
+        chunks = []
+        for k, d in enumerate(deltas):
+            last = k == len(deltas) - 1
+            choice = {
+                "index": index,
+                "delta": d,
+                "logprobs": self._logprobs(entries, tops) if k == 0 and entries else None,
+                "finish_reason": reason if last else None,
+                "matched_stop": matched if last else None,
+            }
+            chunk = self._envelope(self.chunk_object, [choice])
+            if self.include_usage:
+                chunk["usage"] = None
+            chunks.append(chunk)
+        return chunks
 
     def _logprobs(self, entries: list[Any], tops: list[Any]) -> dict[str, Any] | None:
         if not self.logprobs:
@@ -135,10 +217,11 @@ class ChatFormatter(_Formatter):
             lp = self._logprobs(
                 meta.get("output_token_logprobs") or [], meta.get("output_top_logprobs") or []
             )
+            message, reason = self._message(res["text"], reason)
             choices.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": res["text"]},
+                    "message": message,
                     "logprobs": lp,
                     "finish_reason": reason,
                     "matched_stop": matched,

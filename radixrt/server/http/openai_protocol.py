@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from radixrt.server.http.chat_prompt import encode_chat
 from radixrt.server.http.errors import APIError
 from radixrt.server.http.limits import tokenize_texts
+from radixrt.server.http.tool_calls import ToolPlan, ToolSupport, check_call_args
 
 if TYPE_CHECKING:
     from radixrt.server.tokenizer_manager import TokenizerManager
@@ -146,11 +147,51 @@ class ContentPart(msgspec.Struct, kw_only=True):
     text: str | None = None
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct, kw_only=True):
+    """A call in an earlier assistant message (OpenAI's shape)."""
+
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
-    """One message; fields we do not use (name, tool_calls, ...) are ignored."""
+    """One message; fields we do not use (name, ...) are ignored."""
 
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One entry of ``tools``."""
+
+    type: str
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: str
+    function: NamedFunction
 
 
 class ResponseFormat(msgspec.Struct, kw_only=True):
@@ -165,8 +206,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -178,8 +219,6 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
         )
 
     def check(self) -> None:
-        if self.tools:
-            raise APIError(400, "tools: tool calling is not supported by this server", param="tools")
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise APIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
@@ -188,11 +227,17 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
         self.apply_response_format()
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, req: ChatCompletionRequest) -> list[int]:
-    """Apply the model's chat template (with the generation prompt) and tokenize the result."""
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    req: ChatCompletionRequest,
+    tools: ToolSupport | None = None,
+    plan: ToolPlan | None = None,
+) -> list[int]:
+    """Apply the model's chat template (with the generation prompt) and tokenize the result; with
+    ``tools``, earlier tool calls / results and the ``plan``'s tools are rendered as the model takes them."""
     if not req.messages:
         raise APIError(400, "messages: must be a non-empty list", param="messages")
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         if m.role not in CHAT_ROLES:
             raise APIError(
@@ -208,12 +253,39 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, req: ChatCompletionReque
                     )
                 parts.append(part.text)
             content = "".join(parts)
-        messages.append({"role": m.role, "content": content or ""})
+        messages.append({"role": m.role, "content": content or "", **_tool_fields(i, m)})
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(
             400, "messages: this model has no chat template; use /v1/completions", param="messages"
         )
-    return encode_chat(tokenizer, messages, req.chat_template_kwargs or {})  # content cannot forge roles
+    kwargs = req.chat_template_kwargs or {}
+    if tools is not None:
+        messages = tools.messages(messages, plan)
+        kwargs = {**kwargs, **tools.template_kwargs(plan)}
+    return encode_chat(tokenizer, messages, kwargs)  # content cannot forge roles
+
+
+def _tool_fields(i: int, m: ChatMessage) -> dict[str, Any]:
+    """An assistant message's ``tool_calls`` / a tool message's ``tool_call_id`` (checked)."""
+    if m.role == "tool":
+        if m.tool_call_id is None:
+            field = f"messages[{i}].tool_call_id"
+            raise APIError(400, f'{field}: required for role "tool"', param=field)
+        return {"tool_call_id": m.tool_call_id}
+    if not m.tool_calls:
+        return {}
+    if m.role != "assistant":
+        field = f"messages[{i}].tool_calls"
+        raise APIError(400, f"{field}: only assistant messages carry tool calls", param=field)
+    calls = []
+    for j, call in enumerate(m.tool_calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        if call.type != "function":
+            raise APIError(400, f'{where}.type: only "function" calls are supported', param=f"{where}.type")
+        check_call_args(call.function.arguments, f"{where}.function.arguments")
+        fn = {"name": call.function.name, "arguments": call.function.arguments}
+        calls.append({"id": call.id or f"call_{i}_{j}", "type": "function", "function": fn})
+    return {"tool_calls": calls}
 
 
 async def completion_prompts(tm: TokenizerManager, prompt: str | list[Any]) -> list[list[int]]:

@@ -69,12 +69,12 @@ def convert(data: dict[str, Any], type_: type[T]) -> T:
 def validation_error(exc: msgspec.ValidationError) -> APIError:
     """400 naming the field: ``"max_tokens: Expected `int`, got `str`"``."""
     text = str(exc)
-    unknown = _UNKNOWN.search(text)
-    if unknown:
-        name = unknown.group(1)
-        return APIError(400, f"{name}: unrecognized request argument", param=name)
     path = _PATH.search(text)
     param = path.group(1) if path and path.group(1) else None
+    unknown = _UNKNOWN.search(text)
+    if unknown:
+        name = unknown.group(1) if param is None else f"{param}.{unknown.group(1)}"
+        return APIError(400, f"{name}: unrecognized request argument", param=name)
     message = text.split(" - at ")[0]
     missing = _MISSING.search(text)
     if missing:
