@@ -167,13 +167,13 @@ def test_views_out_and_empty_requests() -> None:
 
 
 def test_portable_build_matches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The build without the AVX512-BF16 dot products (-DPAGED_DECODE_PORTABLE) gives the same answers.
+    """The build without the AVX512-BF16 dot products (-DPAGED_PORTABLE) gives the same answers.
 
     Two threads build it at once into a fresh cache dir: the rename makes that safe.
     """
     monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path))
-    flags = (*cpu_decode.FLAGS, "-DPAGED_DECODE_PORTABLE")
-    results: list[dict[torch.dtype, cpu_decode.Kernel]] = []
+    flags = (*cpu_decode.FLAGS, "-DPAGED_PORTABLE")
+    results: list[cpu_decode.Kernels] = []
     errors: list[BaseException] = []
 
     def build() -> None:
@@ -201,7 +201,7 @@ def test_build_errors_are_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path))
     broken = tmp_path / "broken.c"
     broken.write_text("int paged_decode_bf16( {\n")
-    monkeypatch.setattr(cpu_decode, "SOURCE", broken)
+    monkeypatch.setattr(cpu_decode, "SOURCES", (broken,))
     with pytest.raises(cpu_decode.CpuDecodeUnavailable, match="compiling .*broken.c failed(.|\n)*error"):
         cpu_decode.load_library()
     monkeypatch.setattr(cpu_decode.shutil, "which", lambda name: None)

@@ -1,1 +1,1 @@
-"""Attention backends over the paged KV pool: torch_native + C decode kernel (CPU), FlashInfer and Triton (GPU)."""
+"""Attention backends over the paged KV pool: torch_native + C decode / extend kernels (CPU), FlashInfer and Triton (GPU)."""

@@ -1,11 +1,13 @@
-"""A CPU decode-attention kernel that reads the paged KV pool in place (no gathered K/V copy per layer).
+"""A CPU decode-attention kernel that reads the paged KV pool in place (no gathered K/V copy per layer), and
+the build of the C library it shares with the extend kernel (``radixrt.kernels.cpu_extend``).
 
 The kernel is C (``radixrt/kernels/csrc/paged_decode.c``: GNU C vector extensions plus OpenMP; single pass with
 online softmax; all query heads of a request per pass so each K/V slot record is streamed once; long
-contexts split across threads). It is compiled on first use with ``gcc -O3 -march=native -fopenmp -shared
--fPIC`` into ``radixrt.config.cache_dir.cache_dir() / "kernels"``, under a name keyed by the source text, the
-compiler version, the flags and the host CPU, and loaded with ctypes. ``available()`` says whether that
-worked and ``unavailable_reason()`` why not.
+contexts split across threads). The library (``SOURCES``: decode and extend, with their shared header) is
+compiled on first use with ``gcc -O3 -march=native -fopenmp -shared -fPIC`` into
+``radixrt.config.cache_dir.cache_dir() / "kernels"``, under a name keyed by the source texts, the compiler
+version, the flags and the host CPU, and loaded with ctypes. ``available()`` says whether that worked and
+``unavailable_reason()`` why not.
 
 Per layer of a decode step::
 
@@ -22,7 +24,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,14 +34,20 @@ from radixrt.config.cache_dir import cache_dir
 
 __all__ = [
     "CpuDecodeUnavailable",
+    "Kernels",
     "available",
+    "kernels",
     "library_path",
     "load_library",
     "paged_decode_attention",
     "unavailable_reason",
 ]
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "paged_decode.c"
+# Compiled together into one library; HEADERS only enter the cache key (the sources include them).
+SOURCES = (SOURCE, CSRC / "paged_extend.c")
+HEADERS = (CSRC / "paged_simd.h", CSRC / "paged_extend.h")
 COMPILER = "gcc"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
@@ -48,6 +57,11 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P]
 _ARGTYPES.append(ctypes.c_int)
 _SYMBOLS = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
+# The extend kernels: q, q_stride, num_tokens, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
+# qo_indptr, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads -> status.
+_EXTEND_ARGTYPES = [_P, _I64, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64]
+_EXTEND_ARGTYPES += [ctypes.c_float, _I64, _P, ctypes.c_int]
+_EXTEND_SYMBOLS = {torch.bfloat16: "paged_extend_bf16", torch.float32: "paged_extend_f32"}
 _STATUS_ERRORS = {
     1: "seq_lens: every entry must be in [0, slot_table.shape[1]]",
     2: "slot_table: a slot among the first seq_lens[b] entries of a row is outside [0, k_buf.shape[0])",
@@ -57,11 +71,19 @@ Kernel = Callable[..., int]
 
 
 class CpuDecodeUnavailable(RuntimeError):
-    """The C kernel cannot be built or loaded here (no gcc, a compile error, a load error)."""
+    """The C kernels cannot be built or loaded here (no gcc, a compile error, a load error)."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The library's entry points by dtype (bfloat16, float32)."""
+
+    decode: dict[torch.dtype, Kernel]
+    extend: dict[torch.dtype, Kernel]
 
 
 _lock = threading.Lock()
-_kernels: dict[torch.dtype, Kernel] | None = None
+_kernels: Kernels | None = None
 _error: str | None = None
 
 
@@ -80,10 +102,11 @@ def library_path(cc: str | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
     cc = cc or shutil.which(COMPILER) or COMPILER
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_text(), version, " ".join(flags), platform.machine(), _cpu_signature()):
+    texts = [p.read_text() for p in (*SOURCES, *HEADERS)]
+    for part in (*texts, version, " ".join(flags), platform.machine(), _cpu_signature()):
         key.update(part.encode())
         key.update(b"\0")
-    return cache_dir() / "kernels" / f"paged_decode-{key.hexdigest()[:20]}.so"
+    return cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:20]}.so"
 
 
 def _build(cc: str, flags: tuple[str, ...], target: Path) -> None:
@@ -92,10 +115,11 @@ def _build(cc: str, flags: tuple[str, ...], target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".so")
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True)
         if proc.returncode != 0:
+            names = " ".join(map(str, SOURCES))
             raise CpuDecodeUnavailable(
-                f"compiling {SOURCE} failed ({cc} {' '.join(flags)}, exit {proc.returncode}):\n{proc.stderr}"
+                f"compiling {names} failed ({cc} {' '.join(flags)}, exit {proc.returncode}):\n{proc.stderr}"
             )
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # a concurrent builder's identical file may be replaced; either is fine
@@ -104,32 +128,42 @@ def _build(cc: str, flags: tuple[str, ...], target: Path) -> None:
             os.unlink(tmp)
 
 
-def load_library(flags: tuple[str, ...] = FLAGS) -> dict[torch.dtype, Kernel]:
+def load_library(flags: tuple[str, ...] = FLAGS) -> Kernels:
     """Build (if not cached) and load the library with ``flags``; its kernels by dtype.
 
-    ``paged_decode_attention`` uses the default flags; other flags (e.g. ``-DPAGED_DECODE_PORTABLE``, which
-    turns off the AVX512-BF16 dot products) are for tests. Raises CpuDecodeUnavailable.
+    The attention wrappers use the default flags; other flags (e.g. ``-DPAGED_PORTABLE``, which turns off
+    the AVX512-BF16 dot products and the AVX-512 intrinsics) are for tests. Raises CpuDecodeUnavailable.
     """
     cc = shutil.which(COMPILER)
     if cc is None:
-        raise CpuDecodeUnavailable(f"{COMPILER} not found on PATH; it is needed to build {SOURCE.name}")
+        names = ", ".join(p.name for p in SOURCES)
+        raise CpuDecodeUnavailable(f"{COMPILER} not found on PATH; it is needed to build {names}")
     try:
         path = library_path(cc, flags)
         if not path.is_file():
             _build(cc, flags, path)
         lib = ctypes.CDLL(str(path))  # CDLL releases the GIL during calls
     except (OSError, subprocess.SubprocessError) as exc:
-        raise CpuDecodeUnavailable(f"building or loading the paged decode kernel failed: {exc}") from exc
-    kernels: dict[torch.dtype, Kernel] = {}
-    for dtype, name in _SYMBOLS.items():
-        fn = getattr(lib, name)
-        fn.argtypes = _ARGTYPES
-        fn.restype = ctypes.c_int
-        kernels[dtype] = fn
-    return kernels
+        raise CpuDecodeUnavailable(f"building or loading the paged attention kernels failed: {exc}") from exc
+
+    def bind(symbols: dict[torch.dtype, str], argtypes: Sequence[type]) -> dict[torch.dtype, Kernel]:
+        bound: dict[torch.dtype, Kernel] = {}
+        for dtype, name in symbols.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+            bound[dtype] = fn
+        return bound
+
+    return Kernels(decode=bind(_SYMBOLS, _ARGTYPES), extend=bind(_EXTEND_SYMBOLS, _EXTEND_ARGTYPES))
 
 
-def _ensure_loaded() -> dict[torch.dtype, Kernel]:
+def kernels() -> Kernels:
+    """The loaded library (built on the first call); raises CpuDecodeUnavailable."""
+    return _kernels if _kernels is not None else _ensure_loaded()
+
+
+def _ensure_loaded() -> Kernels:
     global _kernels, _error
     if _kernels is not None:
         return _kernels
@@ -252,10 +286,10 @@ def paged_decode_attention(
         CpuDecodeUnavailable: when the kernel cannot be built here.
         MemoryError: when the kernel's scratch allocation fails.
     """
-    kernels = _kernels if _kernels is not None else _ensure_loaded()
+    lib = _kernels if _kernels is not None else _ensure_loaded()
     # Fast path: one pass of cheap checks; _diagnose names the culprit when one fails.
     try:
-        fn = kernels[q.dtype]
+        fn = lib.decode[q.dtype]
         B, H, D = q.shape
         num_slots, KVH, Dk = k_buf.shape
         qs = q.stride()

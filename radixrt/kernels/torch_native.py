@@ -1,15 +1,18 @@
-"""The CPU attention backend: one batched SDPA call per layer over gathered K/V (the reference), and for
-decode a C kernel that reads the paged KV pool in place (`radixrt.kernels.cpu_decode`).
+"""The CPU attention backend: one batched SDPA call per layer over gathered K/V (the reference), and C
+kernels that read the paged KV pool in place: decode (`radixrt.kernels.cpu_decode`) and extend
+(`radixrt.kernels.cpu_extend`, flash attention over the cached prefix and the new tokens).
 
 Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and builds a boolean mask
 (causal over prefix + new tokens, sequence length, optional sliding window); per layer it gathers K/V
 through that table and runs ``scaled_dot_product_attention`` with GQA. Decode steps (one new token per
-request) call the C kernel instead when it could be built here (gcc); when it cannot, the backend logs why
-once and decodes through the reference path. No Python loop over tokens or requests in the per-layer path.
+request, or up to ``SMALL_EXTEND`` new tokens as one decode query each) call the C decode kernel instead, and
+longer extends the C extend kernel (no slot table, mask or gather is built for them), when the C library
+could be built here (gcc); when it cannot, the backend logs why once and runs the reference path. No Python
+loop over tokens or requests in the per-layer path.
 
 Float8 KV (``--kv-cache-dtype fp8_e5m2|fp8_e4m3``): gathered K/V are widened to the query's dtype and, for
 e4m3, multiplied by the pool's per-head scales (``kv_scales``) before SDPA. The C kernel reads fp32 / bf16
-pools only, so with a float8 pool every step, decode included, takes the gather path.
+pools only, so with a float8 pool every step, decode and extend included, takes the gather path.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from radixrt.kernels import cpu_decode
+from radixrt.kernels import cpu_decode, cpu_extend
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata, KVStore
 from radixrt.kernels.fp8 import dequantize_fp8
 
@@ -34,13 +37,15 @@ class ScaledKVStore(Protocol):
     def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
 
 
-# Extends of at most this many tokens per request run as one decode query per token through the C kernel.
+# Extends of at most this many tokens per request run as one decode query per token through the C decode
+# kernel; longer ones through the C extend kernel.
 SMALL_EXTEND = 16
 
 
 class TorchNativeBackend(AttentionBackend):
     """Reference backend; every other backend is tested against it. ``use_decode_kernel`` False forces the
-    reference path for decode too."""
+    reference path for every forward; ``use_extend_kernel`` False (default: ``use_decode_kernel``) keeps the
+    C decode kernel but runs extends longer than ``SMALL_EXTEND`` through the reference path."""
 
     def __init__(
         self,
@@ -51,6 +56,7 @@ class TorchNativeBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         use_decode_kernel: bool = True,
+        use_extend_kernel: bool | None = None,
     ) -> None:
         super().__init__(kv, num_heads, num_kv_heads, head_dim, scale, sliding_window)
         self.kv_fp8 = kv.get_kv_buffer(0)[0].dtype in (torch.float8_e5m2, torch.float8_e4m3fn)
@@ -60,10 +66,12 @@ class TorchNativeBackend(AttentionBackend):
         self.use_decode_kernel = use_decode_kernel and cpu_decode.available()
         if use_decode_kernel and not self.use_decode_kernel:
             logger.warning(
-                "the C decode-attention kernel is unavailable (%s): decode gathers K/V per layer instead "
-                "(several times slower at long contexts)",
+                "the C attention kernels are unavailable (%s): decode and extend gather K/V per layer "
+                "instead (several times slower at long contexts)",
                 cpu_decode.unavailable_reason(),
             )
+        wanted = use_decode_kernel if use_extend_kernel is None else use_extend_kernel
+        self.use_extend_kernel = wanted and self.use_decode_kernel
 
     _slot_table: torch.Tensor
     _q_index: torch.Tensor
@@ -72,6 +80,9 @@ class TorchNativeBackend(AttentionBackend):
 
     def init_forward_metadata(self, md: AttentionMetadata) -> None:
         self._token_table: torch.Tensor | None = None
+        self._extend_kernel = self.use_extend_kernel and md.max_extend_len > SMALL_EXTEND
+        if self._extend_kernel:
+            return  # the C kernel reads md's slot table, qo_indptr and seq_lens as they are
         if self.use_decode_kernel and md.max_extend_len > 1 and md.max_extend_len <= SMALL_EXTEND:
             # A short extend (speculative verify, jump-forward, a small chunk) is one decode query per new
             # token: token t of request r attends over r's first prefix_len + j + 1 slots (causal).
@@ -114,6 +125,10 @@ class TorchNativeBackend(AttentionBackend):
         if self._token_table is not None:
             return cpu_decode.paged_decode_attention(
                 q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window
+            )
+        if self._extend_kernel:
+            return cpu_extend.paged_extend_attention(
+                q, k_buf, v_buf, md.slot_table, md.qo_indptr, md.seq_lens, self.scale, self.sliding_window
             )
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)

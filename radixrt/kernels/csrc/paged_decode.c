@@ -1,8 +1,9 @@
 /* Paged decode attention for CPU: one query token per request over its KV slots, read in place.
  *
  * GNU C (vector extensions) + OpenMP, no torch headers; built by radixrt/kernels/cpu_decode.py with
- * `gcc -O3 -march=native -fopenmp -shared -fPIC`. It needs no libm. The only target-specific code is the
- * AVX512-BF16 dot product for bf16 scores (USE_DPBF16 below), with a portable fallback.
+ * `gcc -O3 -march=native -fopenmp -shared -fPIC`, together with paged_extend.c (helpers shared through
+ * paged_simd.h). It needs no libm. The only target-specific code is the AVX512-BF16 dot product for bf16
+ * scores (USE_DPBF16, paged_simd.h), with a portable fallback (forced by -DPAGED_PORTABLE).
  *
  * Layout (all row-major):
  *   q           [B, H, D]          row b at q + b * q_stride (q_stride >= H * D); heads contiguous
@@ -33,110 +34,11 @@
  * Returns 0 on success, 1 if some seq_len is out of [0, table_width], 2 if a slot is out of
  * [0, num_slots) (such rows are skipped, never read; the output is then unspecified), 3 when out of memory.
  */
-#include <math.h> /* INFINITY */
-#include <omp.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "paged_simd.h"
 
-/* bf16 scores with the AVX512-BF16 dot-product instruction (products exact, fp32 accumulation), unless
- * the target lacks it or PAGED_DECODE_PORTABLE is defined; everything else is portable GNU C. */
-#if defined(__AVX512BF16__) && !defined(PAGED_DECODE_PORTABLE)
-#include <immintrin.h>
-#define USE_DPBF16 1
-#else
-#define USE_DPBF16 0
-#endif
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the bf16 even/odd split assumes a little-endian target"
-#endif
-
-#define VL 16                  /* floats per vector */
 #define BT 64                  /* positions per online-softmax block (a multiple of VL) */
 #define GQ 4                   /* query heads whose accumulators are kept in registers at once */
 #define MIN_PARALLEL_ROWS 384  /* below this many K rows in all, the call runs on the calling thread */
-#define LOG2E 1.4426950408889634f
-
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-typedef uint32_t vu __attribute__((vector_size(VL * 4)));
-
-static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* 2^x for x <= 0 (including -inf, which gives 0), vectorizable: x = n + f with n the nearest integer
- * (the 1.5 * 2^23 rounding trick) and f in [-0.5, 0.5], 2^f by a degree-6 polynomial (Cephes exp2f,
- * relative error ~2e-7), 2^n through the exponent bits. */
-static inline float exp2_nonpos(float x) {
-    const int tiny = x < -126.0f;
-    x = tiny ? -126.0f : x;
-    const float n = (x + 12582912.0f) - 12582912.0f;
-    const float f = x - n;
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return tiny ? 0.0f : p * two_n;
-}
-
-/* The vector version of exp2_nonpos. */
-static inline vf exp2v(vf x) {
-    const vi tiny = x < -126.0f;
-    x = (vf)(((vi)x & ~tiny) | ((vi)((vf){0} - 126.0f) & tiny));
-    const vf n = (x + 12582912.0f) - 12582912.0f;
-    const vf f = x - n;
-    vf p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-    return (vf)((vi)(p * (vf)bits) & ~tiny);
-}
-
-static inline vf vmax(vf a, vf b) {
-    const vi m = a > b;
-    return (vf)(((vi)a & m) | ((vi)b & ~m));
-}
-
-/* The max / the sum of the lanes of x. */
-static inline float hmax(vf x) {
-    const vi p8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const vi p4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-    const vi p2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-    const vi p1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    x = vmax(x, __builtin_shuffle(x, p8));
-    x = vmax(x, __builtin_shuffle(x, p4));
-    x = vmax(x, __builtin_shuffle(x, p2));
-    x = vmax(x, __builtin_shuffle(x, p1));
-    return x[0];
-}
-
-static inline float hadd(vf x) {
-    const vi p8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const vi p4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-    const vi p2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-    const vi p1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    x += __builtin_shuffle(x, p8);
-    x += __builtin_shuffle(x, p4);
-    x += __builtin_shuffle(x, p2);
-    x += __builtin_shuffle(x, p1);
-    return x[0];
-}
 
 /* A row of D elements is handled as NP = ceil(D / 32) pairs of float vectors (2 * NP vectors), the last
  * pair zero padded. For bf16 a pair is one 64-byte load: the low halves of its 32-bit lanes (shifted up)
@@ -451,14 +353,6 @@ static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slot
     }
 }
 
-/* Round float lanes to bf16 (nearest-even, NaN kept quiet); the result is in the high 16 bits. */
-static inline vu round_bf16_high(vf x) {
-    const vu u = (vu)x;
-    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    const vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u); /* all ones where NaN */
-    return (rounded & ~nan) | ((u | 0x00400000u) & 0xffff0000u & nan);
-}
-
 /* out rows of request b = acc / l, undoing the lane order of load_pair. */
 static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int bf16) {
     const int64_t NP = (D + 31) / 32, NV = 2 * NP;
@@ -542,22 +436,6 @@ static float* state_at(state_t* st, float* base, int64_t G, int64_t NV) {
     st->m = base + G * NV * VL;
     st->l = st->m + G;
     return base + G * NV * VL + round_up(2 * G, VL);
-}
-
-/* A 64-byte aligned buffer of at least `bytes`, owned by the calling thread and reused across calls
- * (kind 0: the per-thread scratch, kind 1: the caller's bookkeeping); NULL when out of memory. Reusing
- * it keeps malloc/free (and the heap trimming they trigger) out of every call. Never freed: a few KB
- * per thread that ever ran the kernel. */
-static void* thread_buffer(int kind, size_t bytes) {
-    static __thread void* buf[2];
-    static __thread size_t cap[2];
-    if (cap[kind] < bytes) {
-        free(buf[kind]);
-        cap[kind] = (size_t)round_up((int64_t)bytes + ((int64_t)bytes >> 1), 4096);
-        buf[kind] = aligned_alloc(64, cap[kind]);
-        if (!buf[kind]) cap[kind] = 0;
-    }
-    return buf[kind];
 }
 
 /* One call's arguments and bookkeeping, shared by its threads. */

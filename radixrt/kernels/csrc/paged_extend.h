@@ -1,0 +1,190 @@
+/* paged_extend.c's types, tile sizes and tile packing (gathering K/V rows through the slot table into
+ * the layouts its register-blocked GEMMs read). Included by paged_extend.c only. */
+#ifndef RADIXRT_PAGED_EXTEND_H
+#define RADIXRT_PAGED_EXTEND_H
+
+#include "paged_simd.h"
+
+/* AVX-512 max / round / scale instructions in the softmax, unless PAGED_PORTABLE (then plain GNU C) */
+#if defined(__AVX512F__) && !defined(PAGED_PORTABLE)
+#include <immintrin.h>
+#define USE_AVX512 1
+#else
+#define USE_AVX512 0
+#endif
+
+#define BK 64              /* keys per tile */
+#define NKV (BK / VL)      /* score vectors per row of a tile */
+#define RB 6               /* query rows per register block */
+#define ROWS_TARGET 192    /* query rows per work item (tokens x G) when there is enough work */
+#define QB_MAX 64          /* new tokens per work item at most */
+#define MIN_PARALLEL (1 << 18) /* below this many (row, key) pairs in all, run on the calling thread */
+
+typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+typedef uint16_t vh32 __attribute__((vector_size(VL * 4)));
+
+/* One work item: new tokens [q0, q0 + nq) of request b, kv head h; cost ~ rows x keys. */
+typedef struct {
+    int64_t b, h, q0, nq, cost;
+} item_t;
+
+/* One call's arguments, shared by its threads. */
+typedef struct {
+    const char *q, *k_buf, *v_buf;
+    const int64_t *slot_table, *qo_indptr, *seq_lens;
+    int64_t q_stride, num_slots, table_stride, H, KVH, D, window;
+    int64_t qb; /* new tokens per work item at most */
+    float qscale; /* scale * log2(e) */
+    int bf16;
+    char* out;
+    int err;
+} job_t;
+
+/* Per-thread scratch; every array starts 64-byte aligned. W = D rounded up to VL; with pairs (the
+ * AVX512-BF16 path for bf16) K and Q hold bf16 pairs: KW = D/2 rounded up to VL 32-bit columns, else KW = W. */
+typedef struct {
+    float* q;     /* [Rp, D] queries times qscale, or with pairs [Rp, D/2] raw bf16 pairs */
+    float* stage; /* [BK, KW] K rows staged (widened, padded) when they cannot be transposed in place */
+    vf* kt;       /* [KW, NKV] K tile transposed: kt[d * NKV + v] holds keys 16v..16v+15 of column d */
+    float* vp;    /* [BK, W] the tile's V rows in fp32, or with pairs [BK/2, W] key pairs (pack_v_pairs) */
+    float* s;     /* [Rp, BK] scores, then probabilities (with pairs bf16, at each row's start) */
+    float* o;     /* [Rp, W] running output */
+    float *m, *alpha; /* [Rp] running max, this tile's rescale factor */
+    vf* l;            /* [Rp] running sum, per lane */
+} scratch_t;
+
+/* 16 x 16 transpose of 32-bit lanes: r[i][j] -> r[j][i], by four rounds of two-input shuffles. */
+static inline void transpose16(vf* r) {
+    static const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    static const vi hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    static const vi lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    static const vi hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+    static const vi lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    static const vi hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    static const vi lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+    static const vi hi1 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+    /* round b swaps the off-diagonal b x b blocks of every 2b x 2b block: rows i and i + b exchange */
+#define TRANSPOSE_ROUND(B, LO, HI)                                                                       \
+    for (int i = 0; i < 16; i++) {                                                                       \
+        if (i & (B)) continue;                                                                           \
+        const vf a = r[i], c = r[i + (B)];                                                               \
+        r[i] = __builtin_shuffle(a, c, LO);                                                              \
+        r[i + (B)] = __builtin_shuffle(a, c, HI);                                                        \
+    }
+    TRANSPOSE_ROUND(8, lo8, hi8)
+    TRANSPOSE_ROUND(4, lo4, hi4)
+    TRANSPOSE_ROUND(2, lo2, hi2)
+    TRANSPOSE_ROUND(1, lo1, hi1)
+#undef TRANSPOSE_ROUND
+}
+
+/* dst[0, W) = the D elements at src widened to fp32 (or copied), zero padded; src NULL: all zero. */
+static inline void load_row_f32(float* restrict dst, const char* restrict src, int64_t D, int64_t W, int bf16) {
+    int64_t d = 0;
+    if (src && !bf16) {
+        for (; d + VL <= D; d += VL) memcpy(dst + d, src + 4 * d, sizeof(vf));
+        for (; d < D; d++) memcpy(dst + d, src + 4 * d, 4);
+    } else if (src) {
+        for (; d + VL <= D; d += VL) {
+            vh x;
+            memcpy(&x, src + 2 * d, sizeof x);
+            const vu w = __builtin_convertvector(x, vu) << 16;
+            memcpy(dst + d, &w, sizeof w);
+        }
+        for (; d < D; d++) dst[d] = bf16_to_f32(((const uint16_t*)src)[d]);
+    }
+    for (; d < W; d++) dst[d] = 0.0f;
+}
+
+/* The 32 bf16 elements [d, d + 32) of the row at src (zero past D, all zero when src is NULL). */
+static inline vh32 load_bf16x32(const char* src, int64_t d, int64_t D) {
+    vh32 x = {0};
+    if (!src) return x;
+    if (d + 32 <= D) {
+        memcpy(&x, src + 2 * d, sizeof x);
+    } else {
+        uint16_t tmp[32] = {0};
+        for (int64_t e = d; e < D; e++) tmp[e - d] = ((const uint16_t*)src)[e];
+        memcpy(&x, tmp, sizeof x);
+    }
+    return x;
+}
+
+/* V rows 2i and 2i + 1 of the tile interleaved as bf16 pairs: word d of pair row i (vp[i * W + d]) holds
+ * v[2i][d] in its low half and v[2i + 1][d] in its high half (NULL rows are zeros). */
+static void pack_v_pairs(const char* const* vrow, int64_t D, float* vp_out) {
+    static const vh32 lo = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                            8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const vh32 hi = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                            24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const int64_t W = round_up(D, VL);
+    uint32_t* vp = (uint32_t*)vp_out;
+    for (int64_t i = 0; i < BK / 2; i++)
+        for (int64_t d = 0; d < W; d += 32) {
+            const vh32 a = load_bf16x32(vrow[2 * i], d, D), b = load_bf16x32(vrow[2 * i + 1], d, D);
+            const vh32 x = __builtin_shuffle(a, b, lo), y = __builtin_shuffle(a, b, hi);
+            memcpy(vp + i * W + d, &x, sizeof x);
+            if (d + 16 < W) memcpy(vp + i * W + d + 16, &y, sizeof y);
+        }
+}
+
+/* Gather the tile's nk K and V rows (kv head h) through slots: K transposed into kt (fp32, or bf16 pairs
+ * when pairs is set), V into vp (fp32, or pack_v_pairs). Rows past nk are zero. Then prefetch the next
+ * tile's rows (next_slots[0, next_nk)) so that memory works while this tile is computed. */
+static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const int64_t* next_slots,
+                      int64_t next_nk, int64_t h, scratch_t ws, int pairs) {
+    const int64_t D = job->D, W = round_up(D, VL), elem = job->bf16 ? 2 : 4, row_bytes = D * elem;
+    const int64_t KW = pairs ? round_up((D + 1) / 2, VL) : W; /* 32-bit columns of a K row */
+    const char* krow[BK];
+    const char* vrow[BK];
+    for (int64_t j = 0; j < BK; j++) {
+        const int64_t slot = j < nk ? slots[j] : -1;
+        krow[j] = vrow[j] = NULL;
+        if ((uint64_t)slot < (uint64_t)job->num_slots) {
+            const int64_t off = (slot * job->KVH + h) * row_bytes;
+            krow[j] = job->k_buf + off;
+            vrow[j] = job->v_buf + off;
+        } else if (j < nk) {
+            __atomic_store_n((int*)&job->err, 2, __ATOMIC_RELAXED);
+        }
+    }
+    /* rows of whole vectors are transposed straight from the pool, others staged (widened, padded) first */
+    const int direct = pairs ? D % 32 == 0 : !job->bf16 && D % VL == 0;
+    if (!direct)
+        for (int64_t j = 0; j < BK; j++) {
+            float* dst = ws.stage + j * KW;
+            if (!pairs) {
+                load_row_f32(dst, krow[j], D, KW, job->bf16);
+                continue;
+            }
+            memset(dst, 0, (size_t)KW * 4);
+            if (krow[j]) memcpy(dst, krow[j], (size_t)row_bytes);
+        }
+    for (int64_t jb = 0; jb < NKV; jb++)
+        for (int64_t db = 0; db < KW; db += VL) {
+            vf r[16];
+            for (int i = 0; i < 16; i++) {
+                const char* src = direct ? (krow[jb * VL + i] ? krow[jb * VL + i] + 4 * db : NULL)
+                                         : (const char*)(ws.stage + (jb * VL + i) * KW + db);
+                r[i] = (vf){0};
+                if (src) memcpy(&r[i], src, sizeof(vf));
+            }
+            transpose16(r);
+            for (int i = 0; i < 16; i++) ws.kt[(db + i) * NKV + jb] = r[i];
+        }
+    if (pairs)
+        pack_v_pairs(vrow, D, ws.vp);
+    else
+        for (int64_t j = 0; j < BK; j++) load_row_f32(ws.vp + j * W, vrow[j], D, W, job->bf16);
+    for (int64_t j = 0; j < next_nk; j++) {
+        const int64_t slot = next_slots[j];
+        if ((uint64_t)slot >= (uint64_t)job->num_slots) continue;
+        const int64_t off = (slot * job->KVH + h) * row_bytes;
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch(job->k_buf + off + b);
+            __builtin_prefetch(job->v_buf + off + b);
+        }
+    }
+}
+
+#endif /* RADIXRT_PAGED_EXTEND_H */
