@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ from pathlib import Path
 import torch
 
 from radixrt.config.cache_dir import cache_dir
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CpuDecodeUnavailable",
@@ -141,7 +145,11 @@ def load_library(flags: tuple[str, ...] = FLAGS) -> Kernels:
     try:
         path = library_path(cc, flags)
         if not path.is_file():
+            # A few seconds, once per source / compiler / CPU: say so, the process looks idle meanwhile.
+            logger.info("compiling the C attention kernels (first use here) into %s", path)
+            t0 = time.perf_counter()
             _build(cc, flags, path)
+            logger.info("compiled the C attention kernels in %.1f s", time.perf_counter() - t0)
         lib = ctypes.CDLL(str(path))  # CDLL releases the GIL during calls
     except (OSError, subprocess.SubprocessError) as exc:
         raise CpuDecodeUnavailable(f"building or loading the paged attention kernels failed: {exc}") from exc
