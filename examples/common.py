@@ -42,7 +42,12 @@ def make_backend(ns: argparse.Namespace) -> sgl.BaseBackend:
         started = time.perf_counter()
         name = ns.model_path or "the embedded SmolLM2-135M-Instruct"
         progress(f"loading {name} (the first run converts the GGUF file, then compiles the decode step)")
-        backend = sgl.EngineBackend(model_path=ns.model_path, max_total_tokens=32768)
+        # float32 with dense weights: greedy ids equal HF transformers' whether a request runs alone or in a
+        # batch, with or without a cache hit, so the demo prints the same text every run. bf16 (the server's
+        # default here) rounds by batch shape and can flip near-ties (docs/server.md).
+        backend = sgl.EngineBackend(
+            model_path=ns.model_path, max_total_tokens=32768, dtype="float32", quantization="none"
+        )
         progress(f"model ready in {time.perf_counter() - started:.1f} s")
     sgl.set_default_backend(backend)
     return backend
