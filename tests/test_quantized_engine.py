@@ -95,17 +95,20 @@ def test_weight_only_modes_close_to_fp32_logprobs(method: str, q_llama: Path, en
     assert 0 < rel < (0.03 if method == "int8" else 0.15), rel
 
 
-def test_gguf_mode_runs_the_files_blocks_exactly(tmp_path: Path, engine_factory) -> None:
-    """In fp32 the GGUF layouts reproduce the dequantized weights exactly: same ids as transformers."""
+@pytest.mark.parametrize("dense", [0, 1])
+def test_gguf_mode_runs_the_files_blocks_exactly(dense: int, tmp_path: Path, engine_factory) -> None:
+    """In fp32 the GGUF layouts reproduce the dequantized weights exactly: same ids as transformers, through
+    the weight-only kernels (``dense`` 0) or the dense twin of every linear (1: every forward)."""
     ckpt = make_checkpoint(tmp_path / "ck", arch="llama", size="tiny", seed=12, intermediate_size=704,
                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # fmt: skip
     for qtype in ("Q8_0", "Q4_0"):
         gguf_file = write_gguf(ckpt, tmp_path / qtype / f"m-{qtype}.gguf", qtype)
-        eng = engine_factory(gguf_file)  # quantization unset: a GGUF checkpoint runs its own blocks
+        # the file's own blocks, in fp32 (unset, fp32 would run them dequantized: quantization none)
+        eng = engine_factory(gguf_file, quantization="gguf", dense_gemm_min_tokens=dense)
         runner = eng.worker.scheduler.runner
-        assert runner.quantization == "gguf" and isinstance(
-            runner.model.layers[0].mlp.down_proj, QuantLinearBase
-        )
+        down = runner.model.layers[0].mlp.down_proj
+        assert runner.quantization == "gguf" and isinstance(down, QuantLinearBase)
+        assert (down.dense_weight is not None) == (dense > 0)
         prompts = prompts_of([9, 25], seed=7)
         outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
         for ids, out in zip(prompts, outs, strict=True):

@@ -79,6 +79,13 @@ class ServerArgs:
         "for a GGUF checkpoint, else none. With --tp-size > 1 only none.",
         QUANTIZATION_CHOICES,
     )
+    dense_gemm_min_tokens: int = arg(
+        32,
+        "Quantized linears (int8, int4, gguf) also keep their weights dequantized to --dtype (2 bytes a "
+        "weight in bf16: +257 MiB for the embedded model) and multiply a batch of at least this many tokens "
+        "(prefill, extend, large decode batches) by them with a dense GEMM, several times faster than the "
+        "weight-only kernels there; smaller batches keep the quantized kernel. 0: never (saves the memory).",
+    )
     context_length: int | None = arg(
         None,
         "Longest sequence (prompt + generated tokens) a request may reach; a request whose prompt + "
@@ -358,6 +365,10 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens: {self.max_total_tokens} is too small")
         if self.compile_max_bs < 1:
             raise ValueError(f"compile_max_bs: must be >= 1, got {self.compile_max_bs}")
+        if self.dense_gemm_min_tokens < 0:
+            raise ValueError(
+                f"dense_gemm_min_tokens: must be >= 0 (0: off), got {self.dense_gemm_min_tokens}"
+            )
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
             raise ValueError(f"device: {self.device!r} not in {DEVICES} (or cuda:N)")
         if self.tp_size < 1:

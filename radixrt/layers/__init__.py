@@ -22,6 +22,7 @@ from radixrt.layers.quantization import (
     QuantMethod,
     QuantOptions,
     get_quant_method,
+    keep_dense_weights,
     quantize_linear,
     quantize_model_linears,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "QuantMethod",
     "QuantOptions",
     "get_quant_method",
+    "keep_dense_weights",
     "quantize_int4_groupwise",
     "quantize_int8_per_channel",
     "quantize_linear",

@@ -42,11 +42,6 @@ def _check_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def _fma_fp32(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """``fma(q, scale, zero)`` rounded once to float32, as the int4 kernel computes it."""
-    return (q.double() * scale.double() + zero.double()).float()
-
-
 def _to_bf16_grid(t: torch.Tensor) -> torch.Tensor:
     """Round to the nearest bfloat16 value but keep float32 (bf16 values are exact in fp32 and fp16-safe)."""
     return t.to(torch.bfloat16).float()
@@ -61,6 +56,7 @@ class QuantLinearBase(nn.Module):
     """
 
     bias: torch.Tensor | None
+    dense_weight: torch.Tensor | None
 
     def __init__(
         self,
@@ -72,6 +68,8 @@ class QuantLinearBase(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.register_buffer("dense_weight", None, persistent=False)  # see keep_dense_weight
+        self.dense_min_tokens = 0
         self.compute_dtype = None if compute_dtype is None else _check_dtype(compute_dtype)
         self.storage_dtype = compute_dtype or torch.float32
         if bias is not None:
@@ -97,6 +95,23 @@ class QuantLinearBase(nn.Module):
     def _default_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         return _check_dtype(dtype or self.compute_dtype or self.storage_dtype)
 
+    def keep_dense_weight(self, min_tokens: int) -> int:
+        """Also keep the dequantized weight and multiply batches of ``>= min_tokens`` rows by it (``F.linear``,
+        oneDNN's dense GEMM) instead of the weight-only kernel; returns the bytes kept.
+
+        The weight-only kernels reach ~300 GFLOP/s at any batch (they dequantize every tile again for each
+        block of rows), a bf16 GEMM ~800 at a few hundred rows: prefill and extend run dense, decode keeps
+        the kernel (which reads 4x fewer bytes). The kept weight is ``reference_weight()`` rounded once to
+        the storage dtype: in float32 the very weight the kernel multiplies by; in bf16 within 2^-9
+        (relative) of it per element (the kernel dequantizes to fp32 inside).
+        """
+        if min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+        w = self.reference_weight().to(self.storage_dtype).contiguous()
+        self.dense_weight = w
+        self.dense_min_tokens = min_tokens
+        return w.numel() * w.element_size()
+
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
 
@@ -108,7 +123,10 @@ class QuantLinearBase(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != cdt:
             x2 = x2.to(_check_dtype(cdt))
-        y = self._matmul(x2.contiguous(), cdt)
+        if self.dense_weight is not None and x2.shape[0] >= self.dense_min_tokens:
+            y = F.linear(x2, self._as("dense_weight", self.dense_weight, cdt))
+        else:
+            y = self._matmul(x2.contiguous(), cdt)
         if self.bias is not None:
             y = y + self._as("bias", self.bias, cdt)
         if y.dtype != x.dtype:
@@ -309,14 +327,18 @@ class Int4Linear(QuantLinearBase):
 
     def reference_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """See :meth:`QuantLinearBase.reference_weight`."""
-        sz = self.scales_and_zeros.to(self._default_dtype(dtype)).float()[:, :, : self.out_features]
-        codes = self.codes().float() - 8.0
-        w = torch.zeros(self.out_features, self.in_features, dtype=torch.float64)
-        for p in range(self.n_planes):
-            s = sz[p, :, :, 0].T.repeat_interleave(self.group_size, 1)
-            z = sz[p, :, :, 1].T.repeat_interleave(self.group_size, 1)
-            w += _fma_fp32(codes[p], s, z).double()
-        return w.float()
+        sz = self.scales_and_zeros.to(self._default_dtype(dtype)).double()[:, :, : self.out_features]
+        out_f, groups = self.out_features, self.in_features // self.group_size
+        planes = []
+        for p, codes in enumerate(self.codes()):
+            # the kernel's fp32 fma(q - 8, s, z): q * s is exact in float64, the sum is rounded to fp32;
+            # scale and zero broadcast over each group of columns
+            q = codes.view(out_f, groups, self.group_size).double() - 8.0
+            s, z = (sz[p, :, :, i].T.contiguous()[..., None] for i in (0, 1))
+            planes.append(torch.addcmul(z, q, s).float().reshape(out_f, self.in_features))
+        if len(planes) == 1:
+            return planes[0]
+        return torch.stack(planes).double().sum(0).float()  # planes summed exactly, rounded once
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group_size={self.group_size}, planes={self.n_planes}"

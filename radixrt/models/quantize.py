@@ -3,13 +3,16 @@
 ``int8`` / ``int4`` quantize the loaded float weights; ``gguf`` builds every linear from the blocks of the
 GGUF file the checkpoint was converted from (`radixrt.models.gguf.read_weights`), so the model runs the
 file's own quantized weights (exactly: see `radixrt.layers.gguf_linear`). Unset: ``gguf`` for a GGUF
-checkpoint (as vLLM does), else ``none``. The embedding stays float; a tied LM head is a linear like the
-others (for GGUF it uses ``token_embd``'s blocks).
+checkpoint in bf16 (as vLLM does), ``none`` (its weights dequantized) in float32 / float16, else ``none``.
+The embedding stays float; a tied LM head is a linear like the others (for GGUF it uses ``token_embd``'s
+blocks).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,35 +21,85 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from radixrt.layers import QUANTIZATION_CHOICES, quantize_model_linears
+from radixrt.layers import QUANTIZATION_CHOICES, keep_dense_weights, quantize_model_linears
 from radixrt.models.llama import LlamaForCausalLM
 
+logger = logging.getLogger(__name__)
+# What torch's float32 / float16 weight-only kernels (scalar loops, not vectorised) cost; measured on the
+# embedded SmolLM2-135M Q4_1 file (docs/cpu.md has the dtype x quantization matrix).
+SLOW_DTYPE_COST = (
+    "batch-1 decode ~20x slower than bfloat16 and ~5x slower than dense float32 weights (prefill too "
+    "with --dense-gemm-min-tokens 0)"
+)
 
-def resolve_quantization(method: str | None, gguf_file: Path | None) -> str:
-    """The method to apply: ``method`` validated, or the default for this checkpoint."""
+
+def resolve_quantization(
+    method: str | None, gguf_file: Path | None, dtype: torch.dtype = torch.bfloat16
+) -> str:
+    """The method to apply: ``method`` validated, or the default for this checkpoint and dtype.
+
+    Unset on a GGUF checkpoint: ``gguf`` in bf16; in float32 / float16 ``none`` (the file's weights
+    dequantized once, dense GEMMs), because torch's weight-only kernels are scalar loops there (see
+    ``SLOW_DTYPE_COST``). An explicit weight-only method in such a dtype is honoured with a warning.
+    """
     if method is None:
-        return "gguf" if gguf_file is not None else "none"
+        if gguf_file is None:
+            return "none"
+        if dtype != torch.bfloat16:
+            logger.info(
+                "quantization unset, dtype %s: the GGUF file's weights run dequantized (quantization none); "
+                "its blocks would run torch's scalar %s weight-only kernels (%s)",
+                _name(dtype), _name(dtype), SLOW_DTYPE_COST,
+            )  # fmt: skip
+            return "none"
+        return "gguf"
     if method not in QUANTIZATION_CHOICES:
         raise ValueError(
             f"quantization: {method!r} is not supported; supported: {', '.join(QUANTIZATION_CHOICES)}"
         )
     if method == "gguf" and gguf_file is None:
         raise ValueError("quantization: 'gguf' needs a GGUF checkpoint (--model-path FILE.gguf)")
+    if method != "none" and dtype != torch.bfloat16:
+        logger.warning(
+            "quantization %s with dtype %s runs torch's scalar %s weight-only kernels: %s; use --dtype "
+            "bfloat16, or --quantization none for exact %s",
+            method, _name(dtype), _name(dtype), SLOW_DTYPE_COST, _name(dtype),
+        )  # fmt: skip
     return method
 
 
-def apply_quantization(model: LlamaForCausalLM, method: str, model_dir: Path, gguf_file: Path | None) -> None:
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def apply_quantization(
+    model: LlamaForCausalLM,
+    method: str,
+    model_dir: Path,
+    gguf_file: Path | None,
+    dense_min_tokens: int = 0,
+) -> None:
     """Replace the model's linears in place according to ``method`` (see the module docstring).
 
     Scales are stored in the model's dtype, so the kernels never cast them at run time (bf16: the fast
-    vectorized kernels; float32: exact, but torch's fp32 weight-only kernels are scalar and slow)."""
+    vectorized kernels; float32: exact, but torch's fp32 weight-only kernels are scalar and slow).
+    ``dense_min_tokens`` > 0: the quantized linears also keep their dequantized weights for batches of at
+    least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``)."""
     if method == "none":
         return
     if method in ("int8", "int4"):
         quantize_model_linears(model, method, compute_dtype=model.config.dtype)
-        return
-    assert gguf_file is not None
-    _load_gguf_linears(model, model_dir, gguf_file)
+    else:
+        assert gguf_file is not None
+        _load_gguf_linears(model, model_dir, gguf_file)
+    if dense_min_tokens > 0:
+        t0 = time.perf_counter()
+        kept = keep_dense_weights(model, dense_min_tokens)
+        logger.info(
+            "quantized linears keep their weights dequantized to %s for batches of >= %d tokens: +%.0f MiB, "
+            "%.1f s (--dense-gemm-min-tokens 0: off)",
+            _name(model.config.dtype), dense_min_tokens, kept / 2**20, time.perf_counter() - t0,
+        )  # fmt: skip
 
 
 class ConcatLinear(nn.Module):

@@ -76,8 +76,10 @@ class ModelRunner:
         if tp > 1:
             self.quantization = self._init_tensor_parallel(model_path, gguf_file)
         else:
-            self.quantization = resolve_quantization(args.quantization, gguf_file)
-            apply_quantization(self.model, self.quantization, Path(model_path), gguf_file)
+            self.quantization = resolve_quantization(args.quantization, gguf_file, cfg.dtype)
+            apply_quantization(
+                self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens
+            )
         kv_heads = cfg.num_kv_heads // tp
         kv_dtype = kv_storage_dtype(args.kv_cache_dtype, cfg.dtype)
         if is_fp8(kv_dtype) and tp > 1:
