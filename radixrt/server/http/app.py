@@ -43,6 +43,7 @@ from radixrt.server.http.streaming import (
     sse_event,
 )
 from radixrt.server.http.tenants import AuthMiddleware
+from radixrt.server.http.tokenize_api import build_tokenize_router
 from radixrt.server.io_struct import GenerateReqInput
 from radixrt.transport.client import WorkerDeadError
 from radixrt.transport.protocol import FlushCacheReq
@@ -76,6 +77,7 @@ def build_app(ctx: ServerContext) -> FastAPI:
         app.add_middleware(AuthMiddleware, api_key=ctx.args.api_key, tenants=ctx.tenants)
     app.include_router(build_openai_router(ctx))
     app.include_router(build_pins_router(ctx))
+    app.include_router(build_tokenize_router(ctx))
 
     @app.get("/health")
     @app.head("/health")

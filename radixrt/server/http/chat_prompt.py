@@ -26,9 +26,11 @@ def special_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
 
 
 def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
-    """The chat template applied to ``messages`` with the generation prompt (400 if it refuses)."""
+    """The chat template applied to ``messages``, with the generation prompt unless ``kwargs`` set
+    ``add_generation_prompt`` false (400 if the template refuses)."""
+    kwargs = {"add_generation_prompt": True, **kwargs}
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as exc:  # jinja errors, raise_exception() in templates
         raise APIError(400, f"messages: the chat template rejected them: {exc}", param="messages") from None
     return str(text)
