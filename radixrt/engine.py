@@ -29,7 +29,7 @@ class Engine:
     def __init__(self, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(**kwargs)
         args = self.server_args
-        resolved = resolve_model(args.model_path)
+        resolved = resolve_model(args.model_path, revision=args.revision)
         model_path = resolved.path
         self.model_path = model_path
         self.tokenizer = load_tokenizer(args.tokenizer_path or model_path)

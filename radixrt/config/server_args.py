@@ -29,6 +29,8 @@ CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")
 # radixrt.server.tool_parsers.registry's names (tests/test_tool_parsers.py checks that they match)
 TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
+TRANSFER_BACKENDS = ("mooncake", "fake")
 # The first field of each section of `radixrt serve --help` and docs/flags.md (a section's fields follow it).
 SECTIONS = {
     "model_path": "Model",
@@ -40,6 +42,7 @@ SECTIONS = {
     "disable_compile": "Decode compilation and CUDA graphs",
     "speculative_algorithm": "Speculative decoding",
     "tp_size": "Parallelism",
+    "disaggregation_mode": "Prefill/decode disaggregation",
     "log_level": "Logging",
     "max_worker_restarts": "Supervision and shutdown",
 }
@@ -54,7 +57,13 @@ class ServerArgs:
         None,
         "The checkpoint to serve: a Hugging Face model directory (config.json, tokenizer.json, safetensors), "
         "a .gguf file, or a directory holding one .gguf file (converted once into an HF directory under "
-        "$RADIXRT_CACHE_DIR, default ~/.cache/radixrt). Unset: the embedded SmolLM2-135M-Instruct.",
+        "$RADIXRT_CACHE_DIR, default ~/.cache/radixrt), an embedded model's short name (smollm2, gemma3-270m), "
+        "or a Hugging Face id: org/name, org/name:Q4_K_M (the repository's GGUF file of that quantization type) "
+        "or org/name/file.gguf, fetched through the Hugging Face cache (HF_HUB_OFFLINE=1: from the cache only). "
+        "Unset: the embedded SmolLM2-135M-Instruct.",
+    )
+    revision: str | None = arg(
+        None, "Branch, tag or commit of a Hugging Face id in --model-path. Unset: main."
     )
     tokenizer_path: str | None = arg(
         None, "Directory of the tokenizer (tokenizer.json, tokenizer_config.json). Unset: the model's."
@@ -223,6 +232,14 @@ class ServerArgs:
         "for a template without tools).",
         TOOL_CALL_PARSERS,
     )
+    responses_store_max_items: int = arg(
+        1000,
+        "Most responses /v1/responses keeps for GET, DELETE and previous_response_id (stored with store=true, "
+        "the default); beyond it the oldest go.",
+    )
+    responses_store_ttl_s: float = arg(
+        3600.0, "Seconds a stored /v1/responses response stays readable and continuable (then it expires)."
+    )
     # -- constrained decoding ---------------------------------------------------------------------------
     disable_jump_forward: bool = arg(
         False,
@@ -262,12 +279,36 @@ class ServerArgs:
     speculative_algorithm: str | None = arg(
         None,
         "NGRAM: draft tokens by n-gram lookup in the request's own prompt and output (no draft model) and "
-        "verify them in one forward; requests with a grammar or logprobs are not drafted. Unset: off.",
-        ("NGRAM",),
+        "verify them in one forward; SUFFIX: suffix decoding, drafts of adaptive length from suffix tries over "
+        "the request's own tokens and the finished requests of its cache namespace. Requests with a grammar "
+        "or logprobs are not drafted. Unset: off.",
+        ("NGRAM", "SUFFIX"),
     )
     speculative_num_draft_tokens: int = arg(4, "Most draft tokens per request per step.")
     speculative_ngram_max_match_window_size: int = arg(
         3, "Longest suffix (in tokens) the n-gram lookup matches; it tries n down to 1, longest first."
+    )
+    speculative_max_batch_size: int = arg(
+        4, "Most running requests a speculative step drafts for; with more, every step decodes plainly."
+    )
+    speculative_verify_cost: float = arg(
+        2.0,
+        "A verify step's time in plain decode steps at the same batch: a step is speculative only when its "
+        "requests' predicted accepted drafts (moving average per request) reach (cost - 1) x batch size, "
+        "and a request predicted under (cost - 1) / 2 is not drafted. 1: verify every draft.",
+    )
+    speculative_suffix_max_depth: int = arg(
+        24, "SUFFIX: depth of the suffix tries (longest matched suffix plus draft, in tokens)."
+    )
+    speculative_suffix_min_prob: float = arg(
+        0.1,
+        "SUFFIX: a draft grows while the product of its tokens' empirical continuation probabilities is "
+        "at least this.",
+    )
+    speculative_suffix_cache_tokens: int = arg(
+        65536,
+        "SUFFIX: tokens of finished requests (prompt + output) the global suffix index holds, LRU; each "
+        "token costs up to depth trie nodes.",
     )
     # -- parallelism (SGLang's names) -------------------------------------------------------------------
     tp_size: int = arg(
@@ -292,6 +333,32 @@ class ServerArgs:
     router_policy: str = arg("cache_aware", "With --dp-size > 1: sglang-router's --policy.", ROUTER_POLICIES)
     router_dp_worker_base_port: int | None = arg(
         None, "With --dp-size > 1: the first server's port (the others follow). Unset: --port + 1."
+    )
+    # -- prefill/decode disaggregation ------------------------------------------------------------------
+    disaggregation_mode: str = arg(
+        "null",
+        "prefill: this server computes prompts and writes their KV into a decode server's pool; decode: it "
+        "receives requests with their prompt's KV and generates; null: both (a normal server). Requests come "
+        "through sglang-router --pd-disaggregation, which sends each one to a prefill and a decode server "
+        "with the same bootstrap_room (docs/pd.md).",
+        DISAGGREGATION_MODES,
+    )
+    disaggregation_transfer_backend: str = arg(
+        "mooncake",
+        "How the KV moves: mooncake (the Mooncake transfer engine, TCP or RDMA; pip install 'radixrt[pd]') or "
+        "fake (the bytes travel inside the control messages over TCP: tests and machines without Mooncake).",
+        TRANSFER_BACKENDS,
+    )
+    disaggregation_bootstrap_port: int = arg(
+        8998, "With --disaggregation-mode prefill: the port of the bootstrap server decode servers ask."
+    )
+    disaggregation_ib_device: str | None = arg(
+        None, "RDMA device(s) for the Mooncake transfer engine (mlx5_0,...). Unset: its TCP transport."
+    )
+    disaggregation_timeout: float = arg(
+        30.0,
+        "Seconds a prefill server waits for the decode side's KV slots and a decode server waits for the KV "
+        "before the request ends with 504 (its slots freed on both sides).",
     )
     # -- logging ----------------------------------------------------------------------------------------
     log_level: str = arg("info", "Level of the server's, the worker's and uvicorn's logs.", LOG_LEVELS)
@@ -344,6 +411,8 @@ class ServerArgs:
             )
         if not self.grammar_cache_size_mb >= 0:
             raise ValueError(f"grammar_cache_size_mb: must be >= 0, got {self.grammar_cache_size_mb}")
+        if self.responses_store_max_items < 1 or self.responses_store_ttl_s <= 0:
+            raise ValueError("responses_store_max_items: must be >= 1, and responses_store_ttl_s > 0")
         for name in ("max_grammar_bytes", "grammar_compile_threads", "max_grammar_compiles_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -353,6 +422,10 @@ class ServerArgs:
             )
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if self.disaggregation_mode != "null" and self.tp_size > 1:
+            raise ValueError("disaggregation_mode: not supported with --tp-size > 1 (one KV pool per server)")
+        if not 0 < self.disaggregation_bootstrap_port < 65536 or not self.disaggregation_timeout > 0:
+            raise ValueError("disaggregation_bootstrap_port: must be a port, and disaggregation_timeout > 0")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError(f"request_timeout: must be > 0 seconds, got {self.request_timeout}")
         if self.max_running_requests < 1:
@@ -401,6 +474,22 @@ class ServerArgs:
             raise ValueError(
                 "speculative_ngram_max_match_window_size: must be >= 1, "
                 f"got {self.speculative_ngram_max_match_window_size}"
+            )
+        if self.speculative_max_batch_size < 0:
+            raise ValueError(f"speculative_max_batch_size: must be >= 0, got {self.speculative_max_batch_size}")
+        if not self.speculative_verify_cost >= 1.0:
+            raise ValueError(f"speculative_verify_cost: must be >= 1, got {self.speculative_verify_cost}")
+        if self.speculative_suffix_max_depth < 2:
+            raise ValueError(
+                f"speculative_suffix_max_depth: must be >= 2, got {self.speculative_suffix_max_depth}"
+            )
+        if not 0.0 <= self.speculative_suffix_min_prob <= 1.0:
+            raise ValueError(
+                f"speculative_suffix_min_prob: must be in [0, 1], got {self.speculative_suffix_min_prob}"
+            )
+        if self.speculative_suffix_cache_tokens < 1:
+            raise ValueError(
+                f"speculative_suffix_cache_tokens: must be >= 1, got {self.speculative_suffix_cache_tokens}"
             )
 
     @classmethod

@@ -24,7 +24,7 @@ def launch_node_followers(args: ServerArgs) -> int:
     returns 0 once rank 0 (node 0's server) stopped them or a stop signal arrived."""
     setup_logging(args.log_level, f"node {args.node_rank}")
     try:
-        model_path = resolve_model(args.model_path).path
+        model_path = resolve_model(args.model_path, revision=args.revision).path
     except (FileNotFoundError, ValueError) as exc:
         logger.error("startup failed: %s", exc)
         return 1

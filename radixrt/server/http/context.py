@@ -63,7 +63,7 @@ class ServerContext:
         """Load the tenants file and the tokenizer, spawn the worker process and wait for its handshake
         (ValueError for a bad tenants file, before the worker starts)."""
         tenants = load_tenants(args.api_key, args.tenants)
-        resolved = resolve_model(args.model_path)
+        resolved = resolve_model(args.model_path, revision=args.revision)
         model_path = resolved.path
         tokenizer = load_tokenizer(args.tokenizer_path or model_path)
         client = WorkerSupervisor.spawn(args, model_path, eos_token_ids(tokenizer, model_path))
