@@ -30,7 +30,11 @@ from radixrt.worker.req import Req
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy, hf_model
 
-SPEC = {"speculative_algorithm": "NGRAM"}
+SPEC = {
+    "speculative_algorithm": "NGRAM",
+    "speculative_verify_cost": 1.0,
+    "speculative_max_batch_size": 64,
+}  # verify every draft
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 

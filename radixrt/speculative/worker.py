@@ -30,6 +30,7 @@ import torch
 from radixrt.config.server_args import ServerArgs
 from radixrt.kernels.base import ForwardMode
 from radixrt.speculative.ngram import NgramIndex
+from radixrt.speculative.policy import SpecPolicy
 from radixrt.speculative.verify import verify, verify_info
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
@@ -80,13 +81,20 @@ def free_rejected(kv: KVManager, req: Req, computed_end: int) -> None:
         kv.allocator.free(row[keep:computed_end].clone())
 
 
-class NgramSpeculator:
-    """Prompt-lookup speculative decoding (``--speculative-algorithm NGRAM``) for the scheduler."""
+class Speculator:
+    """The speculative decode step for the scheduler; subclasses provide the drafter (``propose``).
+
+    ``policy`` (`SpecPolicy`) decides per step which drafts are verified; requests are tracked while
+    running and ``retire`` is called once for each that left the running batch (finished, aborted or
+    retracted; a retracted one comes back as a new entry).
+    """
+
+    algorithm = ""
 
     def __init__(self, args: ServerArgs) -> None:
         self.num_draft_tokens = args.speculative_num_draft_tokens
-        self.max_n = args.speculative_ngram_max_match_window_size
-        self._index: dict[str, tuple[Req, NgramIndex]] = {}  # rid -> (that Req, its index)
+        self.policy = SpecPolicy(args.speculative_max_batch_size, args.speculative_verify_cost)
+        self._live: dict[int, Req] = {}  # id(req) -> req, the requests of the last step
 
     def draft(self, req: Req, context_len: int) -> list[int]:
         """Draft tokens for ``req`` (possibly none); at most as many as it may still emit minus one."""
@@ -100,25 +108,31 @@ class NgramSpeculator:
         return self.propose(req, room)[:room]
 
     def propose(self, req: Req, max_len: int) -> list[int]:
-        """The n-gram proposal of up to ``max_len`` tokens (the drafter; tests substitute oracles)."""
-        entry = self._index.get(req.rid)
-        if entry is None or entry[0] is not req:
-            entry = (req, NgramIndex(self.max_n))
-            self._index[req.rid] = entry
-        return entry[1].propose(req.origin_input_ids + req.output_ids, max_len)
+        """Up to ``max_len`` draft tokens continuing ``req`` (the drafter; tests substitute oracles)."""
+        raise NotImplementedError(f"{type(self).__name__} has no drafter")
 
-    def _prune(self, live: list[Req]) -> None:
-        """Forget indexes of requests no longer running (a retracted one is re-indexed on return)."""
-        if len(self._index) > len(live):
-            ids = {id(r) for r in live}
-            self._index = {rid: e for rid, e in self._index.items() if id(e[0]) in ids}
+    def retire(self, req: Req) -> None:
+        """``req`` left the running batch (``req.finish_reason`` set when it finished)."""
+
+    def _track(self, reqs: list[Req]) -> None:
+        ids = {id(r) for r in reqs}
+        for key, req in list(self._live.items()):
+            if key not in ids:
+                del self._live[key]
+                self.retire(req)
+        for r in reqs:
+            self._live[id(r)] = r
+        self.policy.prune({r.rid for r in reqs})
 
     def step(self, reqs: list[Req], target: DecodeTarget) -> bool:
         """Run one speculative decode step over the running requests ``reqs``; False (nothing done) when
         no request has a draft or the drafts do not fit in KV memory: the caller then decodes plainly.
         After True the caller settles ``reqs`` as after a decode step (finish, report)."""
+        self._track(reqs)
+        if not self.policy.batch_allows(len(reqs), target.stats):
+            return False
         drafts = [self.draft(r, target.runner.context_len) for r in reqs]
-        self._prune(reqs)
+        drafts = self.policy.choose([r.rid for r in reqs], drafts, target.stats)
         if not any(drafts):
             return False
         kv = target.kv
@@ -161,6 +175,7 @@ class NgramSpeculator:
             stats.spec_verify_reqs += 1
             stats.spec_draft_tokens += len(d)
             stats.spec_accepted_tokens += emitted - 1
+            self.policy.record(r.rid, emitted - 1)
         stats.spec_verify_steps += 1
         return True
 
@@ -182,3 +197,24 @@ class NgramSpeculator:
             torch.cat(positions),
         )
         return runner.logits(runner.forward(fi))
+
+
+class NgramSpeculator(Speculator):
+    """Prompt-lookup speculative decoding (``--speculative-algorithm NGRAM``)."""
+
+    algorithm = "NGRAM"
+
+    def __init__(self, args: ServerArgs) -> None:
+        super().__init__(args)
+        self.max_n = args.speculative_ngram_max_match_window_size
+        self._index: dict[int, NgramIndex] = {}  # id(req) -> its index, while it runs
+
+    def propose(self, req: Req, max_len: int) -> list[int]:
+        """The n-gram proposal of up to ``max_len`` tokens from the request's own prompt + output."""
+        idx = self._index.get(id(req))
+        if idx is None:
+            idx = self._index[id(req)] = NgramIndex(self.max_n)
+        return idx.propose(req.origin_input_ids + req.output_ids, max_len)
+
+    def retire(self, req: Req) -> None:
+        self._index.pop(id(req), None)

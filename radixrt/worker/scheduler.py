@@ -43,7 +43,7 @@ from radixrt.worker.tenant_ledger import TenantLedger
 from radixrt.worker.tp_follower import follower_main
 
 if TYPE_CHECKING:
-    from radixrt.speculative.worker import NgramSpeculator
+    from radixrt.speculative.worker import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Scheduler:
         self.grammars = GrammarQueue(args, model_path, self.vocab_size, self.eos_ids, self.ledger is not None)
         self.jumped: list[Req] = []  # jump-forward tokens appended, waiting for their extend
         self.timeouts = RequestTimeouts(args.request_timeout) if args.request_timeout is not None else None
-        self._spec: NgramSpeculator | None = None  # built on the first decode with --speculative-algorithm
+        self._spec: Speculator | None = None  # built on the first decode with --speculative-algorithm
         self.out = OutputProcessor(
             args, self.runner, self.kv, self.stats, self.eos_ids, self.by_rid, send, self.grammars
         )

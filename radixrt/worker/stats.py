@@ -43,6 +43,11 @@ class SchedulerStats:
     spec_verify_reqs: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # Why drafts were not verified (radixrt.speculative.policy): steps over the batch limit, steps whose
+    # drafts would not pay for the verify, request-steps backed off for low acceptance.
+    spec_skipped_batch_steps: int = 0
+    spec_skipped_cost_steps: int = 0
+    spec_backoff_req_steps: int = 0
     tenants: TenantLedger | None = None  # per-tenant counters, when the server has tenants
 
     def on_arrival(self, req: Req) -> None:
@@ -87,6 +92,9 @@ class SchedulerStats:
             "spec_verify_reqs": self.spec_verify_reqs,
             "spec_draft_tokens": self.spec_draft_tokens,
             "spec_accepted_tokens": self.spec_accepted_tokens,
+            "spec_skipped_batch_steps": self.spec_skipped_batch_steps,
+            "spec_skipped_cost_steps": self.spec_skipped_cost_steps,
+            "spec_backoff_req_steps": self.spec_backoff_req_steps,
             # tokens emitted per drafted request per verify forward (accepted drafts + 1), SGLang's
             # "accept length"; 0 before any verify
             "spec_accept_length": (
