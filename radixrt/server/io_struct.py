@@ -29,6 +29,10 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
     # ({"type": "ephemeral", "ttl": 600 | "600" | "5m" | "1h"}).
     priority: int | list[int] | None = None
     cache_control: dict[str, Any] | list[dict[str, Any]] | None = None
+    # Prefill/decode disaggregation (set from sglang-router's fields by the HTTP layer, which validates them).
+    bootstrap_host: str | list[Any] | None = None
+    bootstrap_port: int | list[Any] | None = None
+    bootstrap_room: int | list[Any] | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -76,6 +80,9 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
             cache_salt=pick(self.cache_salt, "cache_salt"),
             priority=pick(self.priority, "priority"),
             cache_control=pick(self.cache_control, "cache_control"),
+            bootstrap_host=pick(self.bootstrap_host, "bootstrap_host"),
+            bootstrap_port=pick(self.bootstrap_port, "bootstrap_port"),
+            bootstrap_room=pick(self.bootstrap_room, "bootstrap_room"),
         )
 
 
@@ -94,6 +101,9 @@ class SingleReq:
     cache_salt: str | None = None
     priority: int | None = None
     cache_control: dict[str, Any] | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
 
 def _bad(name: str, why: str) -> Any:

@@ -174,6 +174,8 @@ class TokenizerManager:
         if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int) or abs(prio) >= 2**31):
             raise ValueError("priority: must be an integer in (-2**31, 2**31)")
         pin_ttl = parse_cache_control(req.cache_control)
+        if req.bootstrap_room is not None and params.n != 1:
+            raise ValueError("n: must be 1 with bootstrap_room (one prefill/decode pair per request)")
         rid = req.rid or uuid.uuid4().hex
         base_seed = params.seed if params.seed is not None else self._seeds.randrange(2**62)
         out = []
@@ -191,6 +193,9 @@ class TokenizerManager:
                     tenant=tenant,
                     priority=req.priority,
                     pin_ttl=pin_ttl,
+                    bootstrap_host=req.bootstrap_host,
+                    bootstrap_port=req.bootstrap_port,
+                    bootstrap_room=req.bootstrap_room,
                 )
             )
         return out, params

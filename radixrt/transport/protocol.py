@@ -27,6 +27,11 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     tenant: str | None = None  # set by the server from the API key when tenants exist
     priority: int | None = None  # cache priority of the prefix it uses (--radix-eviction-policy priority)
     pin_ttl: float | None = None  # seconds to pin its cached prefix for when it finishes (cache_control)
+    # Prefill/decode disaggregation (sglang-router PD mode): the prefill server's bootstrap server and the
+    # room both servers' copies of the request share.
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -54,6 +54,9 @@ class Req:
         "pin_ttl",
         "pinned_tokens",
         "pin_id",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
     )
 
     def __init__(self, msg: TokenizedGenerateReq, arrival: int) -> None:
@@ -99,6 +102,9 @@ class Req:
         self.pin_ttl = msg.pin_ttl  # pin the cached prefix for this long when it finishes (None: no pin)
         self.pinned_tokens = 0
         self.pin_id: str | None = None
+        # Prefill/decode disaggregation: the prefill server's bootstrap address and the pair's shared room.
+        self.bootstrap_host, self.bootstrap_port = msg.bootstrap_host, msg.bootstrap_port
+        self.bootstrap_room = msg.bootstrap_room
 
     @property
     def prefill_done(self) -> bool:

@@ -16,6 +16,7 @@ import torch
 from radixrt.config.server_args import ServerArgs
 from radixrt.config.tenants import TenantConfig
 from radixrt.constrained.grammar import GrammarBusy, GrammarError, grammar_key
+from radixrt.disaggregation.sides import build_side
 from radixrt.kernels.base import ForwardMode
 from radixrt.transport.protocol import (
     AbortReq,
@@ -104,6 +105,7 @@ class Scheduler:
         self.out = OutputProcessor(
             args, self.runner, self.kv, self.stats, self.eos_ids, self.by_rid, send, self.grammars
         )
+        self.pd = build_side(self)  # --disaggregation-mode prefill / decode
 
     # -- loop -----------------------------------------------------------------------------------
     def run_forever(self, inbox: Inbox, should_stop: Callable[[], bool]) -> None:
@@ -116,14 +118,18 @@ class Scheduler:
                 self.step()
                 self.interval_log.tick(busy=not self.is_idle())
         finally:
+            if self.pd is not None:
+                self.pd.close()
             self.runner.close()
             self.kv.close()
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked or self.grammar_waiting or self.jumped)
+        busy = self.waiting or self.running or self.chunked or self.grammar_waiting or self.jumped
+        return not (busy or (self.pd is not None and self.pd.busy))
 
     def live_reqs(self) -> list[Req]:
-        return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
+        live = self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
+        return live + self.pd.live() if self.pd is not None else live
 
     def load_counters(self) -> LoadCounters:
         """What the interval log reads (``--log-interval``)."""
@@ -173,7 +179,7 @@ class Scheduler:
         self.stats.on_arrival(req)
         if req.grammar_key is not None:
             self.grammars.add(req)
-        else:
+        elif self.pd is None or not self.pd.take(req):  # a decode server's request waits for its KV there
             self.waiting.append(req)
 
     def abort(self, rid: str, reason: str, status_code: int | None = None) -> None:
@@ -191,6 +197,8 @@ class Scheduler:
             self.chunked = None
         elif req in self.running:
             self.running.remove(req)
+        if self.pd is not None:
+            self.pd.drop(req, status_code or 500, reason)
         if reason == "stop":  # the client matched a stop string: a normal end (a cache_control pin applies)
             req.finish_reason = {"type": "stop"}
         else:
@@ -208,6 +216,15 @@ class Scheduler:
         self.kv.check_invariant([], idle=True)
         return StatsOut(ok=True, message="cache flushed")
 
+    def admit_transferred(self, req: Req) -> None:
+        """Decode side: ``req``'s prompt KV arrived and its first token is appended: decode it from now on."""
+        if req.finish_reason is not None:
+            self.out.finish([req])
+        else:
+            self.kv.cache_unfinished(req)
+            (self.jumped if req.jumped else self.running).append(req)
+        self.out.emit([req])
+
     def snapshot(self) -> dict[str, float]:
         running = len(self.running) + (1 if self.chunked else 0)
         queued = len(self.waiting) + len(self.grammar_waiting)
@@ -215,6 +232,7 @@ class Scheduler:
             **self.stats.snapshot(self.kv, running, queued),
             "kv_pinned_tokens": self.tree.pins.pinned_size(),
             "kv_pins_yielded": self.tree.pins.yielded,
+            **(self.pd.stats.snapshot(self.args.disaggregation_mode) if self.pd is not None else {}),
         }
 
     # -- one step -------------------------------------------------------------------------------
@@ -225,6 +243,10 @@ class Scheduler:
             self._abort_overdue(self.timeouts)
         if self.grammar_waiting:
             self._poll_grammars()
+        if self.pd is not None:
+            self.pd.step()
+            if self.is_idle() is False and not (self.waiting or self.running or self.chunked or self.jumped):
+                time.sleep(0.0005)  # only transfers in flight: do not spin at full speed
         batch = self._admit()
         if batch:
             self._run_extend(batch)
@@ -246,7 +268,7 @@ class Scheduler:
         for req in failed:
             self.stats.on_finish(req)
             self.out.emit([req])
-        self.waiting.extend(compiled)
+        self.waiting.extend(r for r in compiled if self.pd is None or not self.pd.take(r))
         if self.grammar_waiting and not (self.waiting or self.running or self.chunked or self.jumped):
             time.sleep(0.001)  # only compiling: do not spin at full speed
 
@@ -390,6 +412,8 @@ class Scheduler:
             if to_sample:
                 rows = [row for row, r in zip(last_rows, done, strict=True) if r.params.max_new_tokens > 0]
                 self.out.sample_and_append(to_sample, self.runner.logits(hidden[rows]))
+            if self.pd is not None:  # a prefill server holds its requests' KV until the decode side takes it
+                done = self.pd.hold(done)
             for req in done:
                 if req.finish_reason is None:
                     self.kv.cache_unfinished(req)

@@ -18,11 +18,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import PlainTextResponse, Response
 
 from radixrt import __version__
+from radixrt.disaggregation.request_fields import take_bootstrap
 from radixrt.server.http.context import ServerContext
 from radixrt.server.http.errors import (
     APIError,
     JSONResponse,
     as_api_error,
+    bad_request,
     install_error_handlers,
     refused,
     worker_dead,
@@ -156,8 +158,14 @@ def build_app(ctx: ServerContext) -> FastAPI:
         check_model(ctx, body.get("model"))
         normalize_generate(body)
         obj = convert(body, GenerateBody).to_request()
+        try:  # sglang-router's PD fields: read here, validated for --disaggregation-mode
+            boot = take_bootstrap(body, ctx.args.disaggregation_mode)
+        except ValueError as exc:
+            raise bad_request(exc) from None
         await pretokenize(ctx.tm, obj)  # a long text: on a worker thread
         agen = ctx.generate(request, obj)
+        for name, value in boot.items():
+            setattr(obj, name, value)
         try:
             first = await first_or_final(request, agen, obj.stream)
         except ClientDisconnected:

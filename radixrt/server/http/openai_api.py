@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from radixrt.disaggregation.request_fields import take_bootstrap
 from radixrt.server.http.errors import APIError, JSONResponse, as_api_error, bad_request, refused
 from radixrt.server.http.limits import ERROR_RESPONSES, GENERATION_RESPONSES, OFFLOAD_CHARS, openapi_body
 from radixrt.server.http.openai_format import ChatFormatter, CompletionFormatter, _Formatter
@@ -97,6 +98,7 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
     async def completions(request: Request) -> Response:
         body = await read_json(request, ctx.args.max_request_bytes)
         strip_neutral(body, COMPLETION_FIELDS)
+        boot = _bootstrap(ctx, body)
         req = convert(body, CompletionRequest)
         check_model(ctx, req.model)
         req.check()
@@ -126,6 +128,7 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             priority=req.priority,
             cache_control=req.cache_control,
         )
+            **boot,
         fmt = CompletionFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, echo_texts, req.rid)
         return await _serve(ctx, request, obj, fmt, RENAME_COMPLETION)
 
@@ -137,6 +140,7 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, ctx.args.max_request_bytes)
         strip_neutral(body, CHAT_FIELDS)
+        boot = _bootstrap(ctx, body)
         req = convert(body, ChatCompletionRequest)
         check_model(ctx, req.model)
         req.check()
@@ -169,6 +173,7 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             priority=req.priority,
             cache_control=req.cache_control,
         )
+            **boot,
         parsing = None if plan is None else (tools.parser, plan.names)
         fmt = ChatFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid, parsing)
         return await _serve(ctx, request, obj, fmt, RENAME_CHAT)
@@ -180,6 +185,14 @@ def tool_constraint(ctx: ServerContext, tools: ToolSupport, plan: ToolPlan) -> d
     """The sampling parameter that makes the calls well-formed (none when ``auto`` stays free)."""
     grammar = tools.grammar(plan, ctx.args.json_whitespace)
     if grammar is None:
+def _bootstrap(ctx: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
+    """sglang-router's PD fields of an OpenAI body (popped), validated for --disaggregation-mode."""
+    try:
+        return take_bootstrap(body, ctx.args.disaggregation_mode)
+    except ValueError as exc:
+        raise bad_request(exc) from None
+
+
         return {}
     size = len(grammar.encode())
     if size > ctx.args.max_grammar_bytes:
