@@ -70,7 +70,10 @@ def load_tenants(api_key: str | None, path: str | None) -> TenantConfig | None:
 
 
 def _is_tenant_route(path: str) -> bool:
-    return path in TENANT_ROUTES or path.startswith("/v1/models/")
+    # /v1/responses/{id}: a tenant reads and deletes its own stored responses (`responses_store`)
+    return (
+        path in TENANT_ROUTES or path.startswith(("/v1/models/", "/v1/responses/")) or path == "/v1/responses"
+    )
 
 
 class AuthMiddleware:
