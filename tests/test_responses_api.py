@@ -202,7 +202,11 @@ def test_previous_response_id_tool_loop_hits_the_cache(client: openai.OpenAI, se
     assert second.previous_response_id == first.id
     assert first.usage is not None and second.usage is not None
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
-    tool_call = {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    tool_call = {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
     chat = client.chat.completions.create(
         model="m", tools=CHAT_TOOLS, tool_choice="auto", max_tokens=8, temperature=0,
         messages=[{"role": "system", "content": system}, {"role": "user", "content": "Weather in Rome?"},
@@ -214,7 +218,11 @@ def test_previous_response_id_tool_loop_hits_the_cache(client: openai.OpenAI, se
     assert second.output_text == chat.choices[0].message.content
     # the continuation is stored too, and continues again
     third = client.responses.create(
-        model="m", instructions=system, previous_response_id=second.id, tools=TOOLS, input="Thanks.",
+        model="m",
+        instructions=system,
+        previous_response_id=second.id,
+        tools=TOOLS,
+        input="Thanks.",
         max_output_tokens=4,
     )
     assert third.usage is not None and third.usage.input_tokens > second.usage.input_tokens
@@ -278,9 +286,13 @@ def test_tenants_see_only_their_own_responses(launch_server: Any, tmp_path: Any)
         assert alpha.get(f"/v1/responses/{rid}").json()["id"] == rid
         assert beta.get(f"/v1/responses/{rid}").status_code == 404
         assert beta.delete(f"/v1/responses/{rid}").status_code == 404
-        r = beta.post("/v1/responses", json={"input": "x", "previous_response_id": rid, "max_output_tokens": 2})
+        r = beta.post(
+            "/v1/responses", json={"input": "x", "previous_response_id": rid, "max_output_tokens": 2}
+        )
         assert r.status_code == 404
-        cont = alpha.post("/v1/responses", json={"input": "x", "previous_response_id": rid, "max_output_tokens": 2})
+        cont = alpha.post(
+            "/v1/responses", json={"input": "x", "previous_response_id": rid, "max_output_tokens": 2}
+        )
         assert cont.status_code == 200, cont.text
         assert alpha.delete(f"/v1/responses/{rid}").status_code == 200
         assert alpha.get(f"/v1/responses/{rid}").status_code == 404

@@ -32,6 +32,7 @@ from radixrt.server.http.errors import (
 from radixrt.server.http.limits import GENERATION_RESPONSES, openapi_body, pretokenize
 from radixrt.server.http.openai_api import build_openai_router, check_model
 from radixrt.server.http.pins import build_pins_router
+from radixrt.server.http.responses import build_responses_router
 from radixrt.server.http.sglang_compat import normalize_generate
 from radixrt.server.http.streaming import (
     CLIENT_CLOSED,
@@ -79,6 +80,7 @@ def build_app(ctx: ServerContext) -> FastAPI:
         app.add_middleware(AuthMiddleware, api_key=ctx.args.api_key, tenants=ctx.tenants)
     app.include_router(build_openai_router(ctx))
     app.include_router(build_pins_router(ctx))
+    app.include_router(build_responses_router(ctx))
     app.include_router(build_tokenize_router(ctx))
 
     @app.get("/health")
