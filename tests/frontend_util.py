@@ -118,8 +118,9 @@ def check_stop_strings(backend: BaseBackend) -> None:
 
 
 def check_select_cache(backend: Any) -> dict[str, float]:
-    """select is one batched request; cold, the prefix is computed once (the scheduler's in-batch
-    dedup), warm, only the choice tokens and the boundary token are."""
+    """select commits the text before the choices (a prefill-only request), then scores the choices
+    in one batched request; cold, the prefix is computed once, warm, only the commit's last token and
+    the choice tokens with the boundary token are."""
     calls: list[dict[str, Any]] = []
     real = backend._call
     backend._call = lambda payload: calls.append(payload) or real(payload)
@@ -137,10 +138,13 @@ def check_select_cache(backend: Any) -> dict[str, float]:
     finally:
         del backend._call
     k = len(CHOICES)
-    assert s.error() is None and len(calls) == 2 and cold["num_requests"] == k
-    assert calls[0]["logprob_start_len"] == [boundary] * k
-    assert cold["computed_prefill_tokens"] == sum(map(len, full)) - (k - 1) * (boundary - 1)
-    assert warm["computed_prefill_tokens"] == sum(len(f) - boundary + 1 for f in full)
+    assert s.error() is None and len(calls) == 4 and cold["num_requests"] == 1 + k
+    assert calls[0]["input_ids"] == full[0][:boundary] and calls[0]["sampling_params"]["max_new_tokens"] == 0
+    assert calls[1]["logprob_start_len"] == [boundary] * k
+    assert s.get_meta_info("c")["prefix_commit"] == {"prompt_tokens": boundary, "cached_tokens": 0}
+    choice_tokens = sum(len(f) - boundary + 1 for f in full)  # each choice recomputes the boundary token
+    assert cold["computed_prefill_tokens"] == boundary + choice_tokens
+    assert warm["computed_prefill_tokens"] == 1 + choice_tokens
     return {"prompt": sum(map(len, full)), "cold": cold["computed_prefill_tokens"],
             "warm": warm["computed_prefill_tokens"]}  # fmt: skip
 

@@ -48,6 +48,17 @@ def test_in_batch_dedup_computes_shared_prefix_once(tiny_llama: Path, engine_fac
         assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
 
 
+def test_in_batch_dedup_short_shared_prefix(tiny_llama: Path, engine_factory) -> None:
+    """A few fresh shared tokens (fork siblings' "Step 2 (") are computed once too, as a perfect cache
+    would."""
+    eng = engine_factory(tiny_llama)
+    system, prompts = shared_prompts(4, 6, 5, seed=21)
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert eng.get_server_info()["computed_prefill_tokens"] == len(system) + 6 * 5
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+
+
 def test_multi_turn_continuation_hits_previous_turn(tiny_qwen2: Path, engine_factory) -> None:
     eng = engine_factory(tiny_qwen2)
     ids = prompts_of([40], seed=12)[0]

@@ -57,6 +57,10 @@ def test_shared_uncached_prefix() -> None:
     assert shared_uncached_prefix(b, [a, c], cached_len=0) == 4
     assert shared_uncached_prefix(b, [a, c], cached_len=2) == 2
     assert shared_uncached_prefix(c, [a, b], cached_len=0) == 0
+    # only what d may take from the cache counts: its last token is always computed
+    d = req("d", [1, 2, 3], 3)
+    assert shared_uncached_prefix(d, [a], cached_len=0) == 2
+    assert shared_uncached_prefix(d, [a], cached_len=2) == 0
 
 
 def test_engine_fails_requests_when_the_scheduler_dies(tiny_llama: Path) -> None:

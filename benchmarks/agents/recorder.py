@@ -23,7 +23,7 @@ from frontend_lang.ir import GenParams
 @dataclass(slots=True)
 class Request:
     """One request as sent: a ``gen``, one choice of a ``select`` (prompt = text + choice), or the prefix
-    a ``fork`` commits to the cache."""
+    a ``fork`` or a ``select`` commits to the cache."""
 
     kind: str  # "gen" | "select" | "prefix"
     prompt: str
@@ -96,6 +96,11 @@ class Recorder(BaseBackend):
         decision = self.inner.select(ctx, choices, temperature, method)
         end = time.perf_counter()
         info = decision.meta_info
+        commit = info.get("prefix_commit")
+        if commit is not None:  # the backend first cached the text before the choices (prefill only)
+            req = Request("prefix", ctx.text, start, end)
+            req.prompt_tokens, req.cached_tokens = commit["prompt_tokens"], commit["cached_tokens"]
+            self._add(req)
         for i, choice in enumerate(choices):
             req = Request("select", ctx.text + choice, start, end)
             req.prompt_tokens = _item(info.get("prompt_tokens"), i)

@@ -1,9 +1,11 @@
 """NativeBackend: everything shared by the backends that speak SGLang's native ``/generate`` request
 (the in-process Engine and a server over HTTP); subclasses only move the request.
 
-``select`` scores all choices in ONE batched prefill-only request: the prompt+choice token ids with
-``logprob_start_len`` at the prefix boundary, so the runtime reuses the cached prefix (the radix cache
-matches up to that boundary) and returns the logprobs of exactly the choice tokens.
+``select`` first commits the text before the choices (one prefill-only request, as SGLang's select and
+``fork`` do), then scores all choices in ONE batched prefill-only request: the prompt+choice token ids with
+``logprob_start_len`` at the prefix boundary, so every choice reuses the committed prefix (the radix cache
+matches up to that boundary) and the runtime returns the logprobs of exactly the choice tokens. Without the
+commit, the choices of one batch would each compute the uncached part of the text they share.
 """
 
 from __future__ import annotations
@@ -163,12 +165,25 @@ class NativeBackend(BaseBackend):
         boundary = min(min(shared_prefix_len(prefix, f) for f in full), min(len(f) for f in full) - 1)
         if boundary < 1:
             raise ValueError("select: needs at least one token of text before the choices")
+        commit = self._commit({"input_ids": prefix}, priority) if len(choices) > 1 else None
         ids, starts = list(full), [boundary] * len(full)
         if unconditional:
             ids += [f[boundary:] for f in full]
             starts += [0] * len(full)
         outs = self._score(ids, starts, priority)
-        return self._to_scores(choices, outs, boundary)
+        return self._to_scores(choices, outs, boundary, commit)
+
+    def _commit(self, source: dict[str, Any], priority: int | None) -> dict[str, Any]:
+        """Cache the text the choices share (``source``: its ``text`` or ``input_ids``) with one
+        prefill-only request; its token counts (``prompt_tokens``, ``cached_tokens``)."""
+        out = check_result(
+            self._call({**source, "sampling_params": dict(PREFILL_ONLY), **self.hints(priority)})
+        )
+        meta = out["meta_info"]
+        return {
+            "prompt_tokens": int(meta["prompt_tokens"]),
+            "cached_tokens": int(meta.get("cached_tokens") or 0),
+        }
 
     def _scores_by_text(
         self, text: str, choices: list[str], unconditional: bool, priority: int | None
@@ -178,8 +193,8 @@ class NativeBackend(BaseBackend):
         if not text:
             raise ValueError("select: needs text before the choices")
         hints = self.hints(priority)
-        commit = check_result(self._call({"text": text, "sampling_params": dict(PREFILL_ONLY), **hints}))
-        boundary = int(commit["meta_info"]["prompt_tokens"])
+        commit = self._commit({"text": text}, priority)
+        boundary = commit["prompt_tokens"]
         payload = {
             "text": [text + c for c in choices],
             "sampling_params": dict(PREFILL_ONLY),
@@ -191,10 +206,12 @@ class NativeBackend(BaseBackend):
         if unconditional:
             ids = [[e[1] for e in o["meta_info"]["input_token_logprobs"]] for o in outs]
             outs += self._score(ids, [0] * len(ids), priority)
-        return self._to_scores(choices, outs, boundary)
+        return self._to_scores(choices, outs, boundary, commit)
 
     @staticmethod
-    def _to_scores(choices: list[str], outs: list[dict[str, Any]], boundary: int) -> ChoiceScores:
+    def _to_scores(
+        choices: list[str], outs: list[dict[str, Any]], boundary: int, commit: dict[str, Any] | None
+    ) -> ChoiceScores:
         k = len(choices)
         entries = [o["meta_info"]["input_token_logprobs"] for o in outs]
         cond = [[float(e[0]) for e in row if e[0] is not None] for row in entries[:k]]
@@ -205,6 +222,8 @@ class NativeBackend(BaseBackend):
             "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs[:k]],
             "cached_tokens": [o["meta_info"]["cached_tokens"] for o in outs[:k]],
         }
+        if commit is not None:  # the prefill-only request that cached the text before the choices
+            extra["prefix_commit"] = commit
         return ChoiceScores(choices, cond, uncond, extra)
 
     # -- capabilities ---------------------------------------------------------------------------

@@ -65,13 +65,16 @@ def _dfs_weight(waiting: list[Req], nodes: dict[str, TreeNode]) -> list[Req]:
 
 
 def shared_uncached_prefix(req: Req, selected: list[Req], cached_len: int) -> int:
-    """Longest prefix ``req`` shares with a request already selected in this batch, beyond ``cached_len``."""
+    """Longest prefix ``req`` shares with a request already selected in this batch, beyond ``cached_len``
+    and within what ``req`` may take from the cache (``max_prefix_len``: a request always computes its
+    last token and the positions of its prompt logprobs, so sharing those saves nothing by waiting)."""
     best = 0
     ids = req.fill_ids
+    limit = req.max_prefix_len()
     for other in selected:
         if other.cache_salt != req.cache_salt:
             continue
-        n = min(len(ids), len(other.fill_ids))
+        n = min(len(ids), len(other.fill_ids), limit)
         lo = cached_len
         if lo >= n or ids[lo] != other.fill_ids[lo]:
             continue

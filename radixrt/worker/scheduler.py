@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# In-batch dedup: a waiting request sharing at least this many uncached tokens with one already
-# admitted this round waits a round, so it hits the cache instead of recomputing the prefix.
-DEDUP_MIN_SHARED = 32
+# In-batch dedup: a waiting request sharing at least this many uncached (cacheable) tokens with one
+# already admitted this round waits a round, so it hits the cache instead of recomputing the prefix.
+# Any shared token: the wait is one forward (prefill goes first), and fork siblings / select choices
+# share short fresh tails ("Step 2 (") that a perfect cache computes once.
+DEDUP_MIN_SHARED = 1
 # Decode growth reserved at admission per running request: ratio x remaining max_new_tokens (clipped).
 NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.15, 0.002
 CLIP_MAX_NEW_TOKENS = 1024
@@ -324,7 +326,7 @@ class Scheduler:
             if not self.kv.admit(req):
                 break
             extend = len(req.fill_ids) - req.kv_len
-            dedup = batch and extend > DEDUP_MIN_SHARED and not self.tree.disable
+            dedup = batch and extend > 1 and not self.tree.disable
             if dedup and shared_uncached_prefix(req, batch, req.kv_len) >= DEDUP_MIN_SHARED:
                 self.kv.release(req)  # wait one round: the prefix will be cached by then
                 continue
