@@ -28,6 +28,7 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")  # sg
 CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")
 # radixrt.server.tool_parsers.registry's names (tests/test_tool_parsers.py checks that they match)
 TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic")
+REASONING_PARSERS = ("qwen3", "deepseek-r1")  # radixrt.server.reasoning_parser.FORMATS
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 TRANSFER_BACKENDS = ("mooncake", "fake")
@@ -231,6 +232,14 @@ class ServerArgs:
         "([f(a=1)]). Unset: the format the chat template writes, else qwen25 (with the generic tool prompt "
         "for a template without tools).",
         TOOL_CALL_PARSERS,
+    )
+    reasoning_parser: str | None = arg(
+        None,
+        "Split <think>...</think> reasoning off /v1/chat/completions answers into message.reasoning_content "
+        "(streamed: delta.reasoning_content): qwen3 (reasoning when the output opens <think>, or the prompt "
+        "ends with it), deepseek-r1 (the output is reasoning up to </think>, opening tag or not). Requests "
+        "turn it off with separate_reasoning: false. Unset: the text is all content.",
+        REASONING_PARSERS,
     )
     responses_store_max_items: int = arg(
         1000,

@@ -25,6 +25,7 @@ from radixrt.server.http.openai_protocol import (
     chat_prompt_ids,
     completion_prompts,
 )
+from radixrt.server.http.reasoning_output import reasoning_plan
 from radixrt.server.http.sglang_compat import CHAT_FIELDS, COMPLETION_FIELDS, strip_neutral
 from radixrt.server.http.streaming import (
     CLIENT_CLOSED,
@@ -97,8 +98,8 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/completions", openapi_extra=completion_doc, responses=GENERATION_RESPONSES)
     async def completions(request: Request) -> Response:
         body = await read_json(request, ctx.args.max_request_bytes)
-        strip_neutral(body, COMPLETION_FIELDS)
         boot = _bootstrap(ctx, body)
+        strip_neutral(body, COMPLETION_FIELDS)
         req = convert(body, CompletionRequest)
         check_model(ctx, req.model)
         req.check()
@@ -127,8 +128,8 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             cache_salt=req.cache_salt,
             priority=req.priority,
             cache_control=req.cache_control,
-        )
             **boot,
+        )
         fmt = CompletionFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, echo_texts, req.rid)
         return await _serve(ctx, request, obj, fmt, RENAME_COMPLETION)
 
@@ -139,8 +140,8 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/chat/completions", openapi_extra=chat_doc, responses=GENERATION_RESPONSES)
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, ctx.args.max_request_bytes)
-        strip_neutral(body, CHAT_FIELDS)
         boot = _bootstrap(ctx, body)
+        strip_neutral(body, CHAT_FIELDS)
         req = convert(body, ChatCompletionRequest)
         check_model(ctx, req.model)
         req.check()
@@ -172,19 +173,18 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
             cache_salt=req.cache_salt,
             priority=req.priority,
             cache_control=req.cache_control,
-        )
             **boot,
+        )
         parsing = None if plan is None else (tools.parser, plan.names)
-        fmt = ChatFormatter(ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid, parsing)
+        thinking = reasoning_plan(ctx.args.reasoning_parser, ctx.tokenizer, req, plan, ids)
+        fmt = ChatFormatter(
+            ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid, parsing, thinking
+        )
         return await _serve(ctx, request, obj, fmt, RENAME_CHAT)
 
     return router
 
 
-def tool_constraint(ctx: ServerContext, tools: ToolSupport, plan: ToolPlan) -> dict[str, Any]:
-    """The sampling parameter that makes the calls well-formed (none when ``auto`` stays free)."""
-    grammar = tools.grammar(plan, ctx.args.json_whitespace)
-    if grammar is None:
 def _bootstrap(ctx: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """sglang-router's PD fields of an OpenAI body (popped), validated for --disaggregation-mode."""
     try:
@@ -193,6 +193,10 @@ def _bootstrap(ctx: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request(exc) from None
 
 
+def tool_constraint(ctx: ServerContext, tools: ToolSupport, plan: ToolPlan) -> dict[str, Any]:
+    """The sampling parameter that makes the calls well-formed (none when ``auto`` stays free)."""
+    grammar = tools.grammar(plan, ctx.args.json_whitespace)
+    if grammar is None:
         return {}
     size = len(grammar.encode())
     if size > ctx.args.max_grammar_bytes:

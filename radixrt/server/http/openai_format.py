@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any
 
+from radixrt.server.reasoning_parser import ReasoningPlan, ReasoningStream
 from radixrt.server.tool_parsers.base import ToolParser
 from radixrt.server.tool_parsers.streaming import ToolStream
 
@@ -114,8 +115,9 @@ def call_id() -> str:
 
 
 class ChatFormatter(_Formatter):
-    """/v1/chat/completions answers; with ``tools`` (the parser and the offered function names) the
-    text is split into content and ``tool_calls``."""
+    """/v1/chat/completions answers; with ``reasoning`` the reasoning is split off first
+    (``reasoning_content``), then with ``tools`` (the parser and the offered function names) the rest
+    is split into content and ``tool_calls``."""
 
     prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
@@ -128,14 +130,26 @@ class ChatFormatter(_Formatter):
         logprobs: bool,
         rid: str | None = None,
         tools: tuple[ToolParser, list[str]] | None = None,
+        reasoning: ReasoningPlan | None = None,
     ) -> None:
         super().__init__(model, n, include_usage, rid)
         self.logprobs = logprobs
         self.tools = tools
+        self.reasoning = reasoning
         self.streams: dict[int, ToolStream] = {}
+        self.thinking: dict[int, ReasoningStream] = {}
 
     def _message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
-        """The reply message (content and calls) and the finish reason (``tool_calls`` when it called)."""
+        """The reply message (reasoning, content and calls) and the finish reason (``tool_calls`` when
+        it called)."""
+        if self.reasoning is None:
+            return self._answer(text, reason)
+        split = self.reasoning.split(text)
+        message, reason = self._answer(split.content, reason)
+        message["reasoning_content"] = split.reasoning
+        return message, reason
+
+    def _answer(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
         if self.tools is None:
             return {"role": "assistant", "content": text}, reason
         parsed = self.tools[0].parse(text, self.tools[1])
@@ -149,6 +163,32 @@ class ChatFormatter(_Formatter):
         return message, "tool_calls" if reason == "stop" else reason
 
     def chunks(self, out: dict[str, Any]) -> list[dict[str, Any]]:
+        """With reasoning: the new reasoning as ``delta.reasoning_content`` on the snapshot's first chunk,
+        the answer's chunks as below from the answer's text so far."""
+        if self.reasoning is None:
+            return self._answer_chunks(out)
+        index = out.get("index", 0)
+        reason, _ = finish_fields(out["meta_info"])
+        thinking = self.thinking.setdefault(index, self.reasoning.stream())
+        new, content = thinking.update(out["text"], final=reason is not None)
+        chunks = self._answer_chunks({**out, "text": content})
+        if new:
+            if not chunks:
+                empty = {
+                    "index": index,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "matched_stop": None,
+                }
+                chunks = [self._envelope(self.chunk_object, [empty])]
+                if self.include_usage:
+                    chunks[0]["usage"] = None
+            choice = chunks[0]["choices"][0]
+            choice["delta"] = {**choice["delta"], "reasoning_content": new}
+        return chunks
+
+    def _answer_chunks(self, out: dict[str, Any]) -> list[dict[str, Any]]:
         """With tools: the content delta, then one chunk per call piece (a call's first chunk carries
         its index, id, type, name and empty arguments; later ones pieces of the arguments)."""
         if self.tools is None:

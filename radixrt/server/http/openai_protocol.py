@@ -210,6 +210,10 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's reasoning switches (with --reasoning-parser): split the reasoning off at all, and stream
+    # it as it arrives (else in one delta once complete)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     def content_chars(self) -> int:
         """Characters of text in all messages."""

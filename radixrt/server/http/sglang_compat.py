@@ -63,7 +63,7 @@ CHAT_FIELDS: dict[str, Neutral] = {
     "return_output_ids_in_sglext": OFF, "return_sampling_mask": OFF, "sampling_logprobs_mode": OFF,
     "return_flat_raw_output_top_logprobs": OFF, "return_flat_raw_top_logprobs_b64": BOOL,
     "reasoning_effort": OFF, "thinking": OFF, "task": OFF, "continue_final_message": OFF,
-    "separate_reasoning": BOOL, "stream_reasoning": BOOL, "max_dynamic_patch": OFF,
+    "max_dynamic_patch": OFF,
     "min_dynamic_patch": OFF, "use_audio_in_video": OFF, "video_config": OFF, "input_ids": OFF,
 }  # fmt: skip
 
