@@ -158,16 +158,16 @@ def build_app(ctx: ServerContext) -> FastAPI:
     async def generate(request: Request) -> Response:
         body = await read_json(request, ctx.args.max_request_bytes)
         check_model(ctx, body.get("model"))
-        normalize_generate(body)
-        obj = convert(body, GenerateBody).to_request()
         try:  # sglang-router's PD fields: read here, validated for --disaggregation-mode
             boot = take_bootstrap(body, ctx.args.disaggregation_mode)
         except ValueError as exc:
             raise bad_request(exc) from None
-        await pretokenize(ctx.tm, obj)  # a long text: on a worker thread
-        agen = ctx.generate(request, obj)
+        normalize_generate(body)
+        obj = convert(body, GenerateBody).to_request()
         for name, value in boot.items():
             setattr(obj, name, value)
+        await pretokenize(ctx.tm, obj)  # a long text: on a worker thread
+        agen = ctx.generate(request, obj)
         try:
             first = await first_or_final(request, agen, obj.stream)
         except ClientDisconnected:
