@@ -13,11 +13,14 @@ from typing import Any
 
 import torch
 
+from radixrt.models import gemma3_config
+
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -75,6 +78,23 @@ class ModelConfig:
     dtype: torch.dtype
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    # Per-layer sliding windows when they differ by layer (Gemma 3: None for its global layers); empty:
+    # every layer uses ``sliding_window``.
+    layer_windows: list[int | None] = field(default_factory=list)
+    # Softmax scale of attention; None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5).
+    attention_scale: float | None = None
+    final_logit_softcapping: float | None = None
+    # RoPE of the local (sliding-window) layers when it differs from the global one (Gemma 3).
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
+
+    def window_of(self, layer_id: int) -> int | None:
+        """The sliding window of layer ``layer_id`` (None: full attention)."""
+        return self.layer_windows[layer_id] if self.layer_windows else self.sliding_window
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: str = "auto") -> ModelConfig:
@@ -97,14 +117,23 @@ class ModelConfig:
         family = SUPPORTED_ARCHITECTURES[arch]
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
-        rope_theta, rope_scaling = _rope_settings(cfg)
         torch_dtype = auto_dtype() if dtype == "auto" else parse_dtype(dtype)
         sliding = cfg.get("sliding_window")
         if family == "qwen2" and not cfg.get("use_sliding_window", False):
             sliding = None
+        extra: dict[str, Any] = {}
+        if family == "gemma3":
+            local, global_ = gemma3_config.rope_dicts(cfg)
+            rope_theta, rope_scaling = _rope_settings({"rope_parameters": global_})
+            extra = gemma3_config.gemma3_fields(cfg, int(sliding) if sliding else None)
+            extra["local_rope_theta"], extra["local_rope_scaling"] = _rope_settings(
+                {"rope_parameters": local}
+            )
+        else:
+            rope_theta, rope_scaling = _rope_settings(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
-        return cls(
+        fields: dict[str, Any] = dict(
             architecture=arch,
             family=family,
             vocab_size=int(cfg["vocab_size"]),
@@ -126,6 +155,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
         )
+        return cls(**(fields | extra))
 
 
 def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -23,12 +23,13 @@ from radixrt.config.cache_dir import build_dir_once, cache_dir
 
 # GGUF `general.architecture` -> what transformers calls it (`model_type`) may differ (a Llama-architecture
 # file named "mistral" becomes Mistral); the HF class radixrt builds per model_type:
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 HF_CLASSES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 # Tensor types `gguf.quants` dequantizes that radixrt accepts (the common llama.cpp file types).
 GGML_TYPES = (
@@ -62,6 +63,8 @@ _LAYER_MODULES = (
     "mlp.down_proj",
     "input_layernorm",
     "post_attention_layernorm",
+    "pre_feedforward_layernorm",  # Gemma 3
+    "post_feedforward_layernorm",
 )
 # Tensors some GGUF files carry that the HF model derives itself (Llama 3 rope factors come from metadata).
 _SKIPPED = ("rope_freqs.weight",)
@@ -187,6 +190,10 @@ def read_weights(path: Path, config: dict[str, Any]) -> dict[str, GGUFWeight]:
             data = permute.process(data, t.name).weights
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims fastest-first
         name = f"{to_hf[base]}.{suffix}"
+        if arch_name == "gemma3" and name.endswith("norm.weight"):
+            # NOTE: llama.cpp stores Gemma's norm weights as 1 + w (its norm multiplies by the weight);
+            # transformers' Gemma2TensorProcessor subtracts the 1 again, as here.
+            data = np.asarray(data, dtype=np.float32) - 1
         weights[name] = GGUFWeight(name, t.tensor_type.name, shape, data)
     return weights
 

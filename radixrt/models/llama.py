@@ -101,17 +101,32 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         # NOTE: `_weight` skips nn.Embedding's random init, which costs ~1.7 s even on the meta device.
-        self.embed_tokens = nn.Embedding(
-            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
-        )
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.embed_tokens = self.make_embedding(cfg)
+        self.layers = nn.ModuleList([self.make_layer(cfg, i) for i in range(cfg.num_layers)])
+        self.norm = self.make_norm(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        self.rope = self.make_rope(cfg)
+
+    # Per-architecture parts: a family whose layers differ (radixrt.models.gemma3) overrides these.
+    def make_embedding(self, cfg: ModelConfig) -> nn.Embedding:
+        return nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
         )
+
+    def make_layer(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
+        return DecoderLayer(cfg, layer_id)
+
+    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def make_rope(self, cfg: ModelConfig) -> RotaryEmbedding:
+        return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+
+    def init_rope(self, device: str | torch.device) -> None:
+        """Rebuild the rotary tables on ``device`` (after ``to_empty``: they are not checkpoint weights)."""
+        self.rope = self.make_rope(self.config).to(device)
 
     def forward(
         self,

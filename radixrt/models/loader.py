@@ -1,4 +1,4 @@
-"""Load a Hugging Face checkpoint directory (single or sharded safetensors) into LlamaForCausalLM."""
+"""Load a Hugging Face checkpoint directory (single or sharded safetensors) into its model class."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from radixrt.models.config import ModelConfig
+from radixrt.models.gemma3 import Gemma3ForCausalLM
 from radixrt.models.llama import LlamaForCausalLM
 
+# Families whose decoder differs from Llama's; every other family is a LlamaForCausalLM.
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {"gemma3": Gemma3ForCausalLM}
 _FUSED = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
@@ -40,11 +43,9 @@ def load_model(
     """Build the model for ``cfg`` and fill it from the checkpoint's safetensors."""
     model_dir = Path(model_dir)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = MODEL_CLASSES.get(cfg.family, LlamaForCausalLM)(cfg)
     model = model.to_empty(device=device).to(cfg.dtype)
-    model.rope = type(model.rope)(
-        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-    ).to(device)
+    model.init_rope(device)
     params = dict(model.named_parameters(remove_duplicate=False))
     parts: dict[str, list[torch.Tensor | None]] = {}
     loaded: set[str] = set()

@@ -56,6 +56,7 @@ _ARCHS: dict[str, tuple[str, str]] = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -267,6 +268,8 @@ def _build_config(
         kw["tie_word_embeddings"] = True  # q/k/v biases are built in
     elif arch == "qwen3":
         kw["head_dim"] = 3 * dims["hidden_size"] // dims["num_attention_heads"] // 2  # != hidden / heads
+    elif arch == "gemma3":
+        kw.update(_gemma3_defaults(dims))
     kw.update(overrides)
     if kw["vocab_size"] < vocab["len"]:
         raise ValueError(
@@ -276,6 +279,24 @@ def _build_config(
 
     config: PretrainedConfig = getattr(transformers, _ARCHS[arch][0])(**kw)
     return config
+
+
+def _gemma3_defaults(dims: dict[str, int]) -> dict[str, Any]:
+    """Gemma 3 at test scale: every third layer global, an 8-token window (prompts run past it), local and
+    global RoPE bases apart (global with linear scaling, as Gemma 3 4B+), a query_pre_attn_scalar that is not
+    head_dim, tied embeddings."""
+    n = dims["num_hidden_layers"]
+    return dict(
+        head_dim=dims["hidden_size"] // dims["num_attention_heads"],
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(n)],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
+        tie_word_embeddings=True,
+    )
 
 
 def _init_weights(model: PreTrainedModel, seed: int) -> None:
@@ -293,17 +314,27 @@ def _init_weights(model: PreTrainedModel, seed: int) -> None:
 
     gen = torch.Generator().manual_seed(seed)
     std = float(model.config.initializer_range)
+    # Gemma's norms scale by (1 + weight): draw the weight around 0 so the scale is U(0.5, 1.5) too.
+    norm_shift = -1.0 if model.config.model_type.startswith("gemma") else 0.0
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             fresh = torch.empty(param.shape, dtype=torch.float32)
             if "norm" in name and param.dim() == 1:
-                fresh.uniform_(0.5, 1.5, generator=gen)
+                fresh.uniform_(0.5 + norm_shift, 1.5 + norm_shift, generator=gen)
             else:
                 fresh.normal_(0.0, std, generator=gen)
             param.copy_(fresh)
         head = model.get_output_embeddings()
         if head is not None:  # when tied this scales the embeddings too; RMSNorm makes that moot
             head.weight.mul_(LOGIT_STD / (std * model.config.hidden_size**0.5))
+        if norm_shift:
+            # Gemma multiplies its tied embeddings by sqrt(hidden): the token's own embedding would dominate
+            # the residual stream and greedy decoding would repeat the last token. Shrink the tied matrix by
+            # that factor and grow the final norm's scale by it, so logits keep their spread (std ~3).
+            k = model.config.hidden_size**0.5
+            model.get_input_embeddings().get_parameter("weight").div_(k)
+            final_norm = model.get_decoder().get_parameter("norm.weight")
+            final_norm.copy_((1.0 + final_norm) * k - 1.0)
 
 
 def make_checkpoint(
@@ -319,7 +350,8 @@ def make_checkpoint(
 
     Args:
         arch: "llama" (untied, Llama-3 rope scaling), "mistral" (no sliding window), "qwen2" (q/k/v bias,
-            tied embeddings) or "qwen3" (q/k norm, head_dim 1.5x hidden/heads).
+            tied embeddings), "qwen3" (q/k norm, head_dim 1.5x hidden/heads) or "gemma3" (text-only
+            Gemma3ForCausalLM: see `_gemma3_defaults`).
         size: a key of `SIZES` ("tiny" ~7M params with the BPE vocab, "88m").
         seed: all weights derive from it; the same arguments give byte-identical files.
         tokenizer: "bpe" (offline-trained 8192-token ByteLevel BPE, ChatML template) or "qwen" (the real

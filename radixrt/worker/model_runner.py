@@ -14,6 +14,7 @@ from radixrt.distributed.tensor_parallel import check_divisible, shard_model
 from radixrt.distributed.tp_group import FollowerEntry, TPGroup, init_group, ranks_of_node
 from radixrt.kernels.base import AttentionMetadata, ForwardMode, get_backend_class
 from radixrt.kernels.fp8 import is_fp8
+from radixrt.kernels.layer_windows import build_backend
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.kv_pool import KVPool, kv_storage_dtype
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
@@ -105,13 +106,14 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 8, self.context_len + ps)
         self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
         backend_cls = get_backend_class(self.attention_backend)
-        self.backend = backend_cls(
+        self.backend = build_backend(
+            backend_cls,
             self.kv_pool,
             cfg.num_heads // tp,
             kv_heads,
             cfg.head_dim,
-            cfg.head_dim**-0.5,
-            cfg.sliding_window,
+            cfg.softmax_scale,
+            [cfg.window_of(i) for i in range(cfg.num_layers)],
         )
         if is_fp8(kv_dtype) and self.attention_backend != "torch_native":
             raise ValueError(
@@ -151,6 +153,8 @@ class ModelRunner:
         if gguf_file is not None:
             logger.info("tensor parallel: the GGUF weights run dequantized (quantization none)")
         cfg = self.config
+        if cfg.family == "gemma3":
+            raise ValueError("tp_size: Gemma 3 runs on one rank so far (its scaled embedding is not sharded)")
         check_divisible(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, args.tp_size)
         if self.tp_rank == 0:
             if self.tp_follower is None:
