@@ -18,8 +18,9 @@ from typing import Any
 
 import openai
 import pytest
-from server_harness import ServerProcess
+from server_harness import ServerProcess, wait_idle
 
+from radixrt.config.server_args import ServerArgs
 from radixrt.server.reasoning_parser import FORMATS, split
 
 pytest_plugins = ["server_fixtures"]
@@ -51,13 +52,10 @@ def srv(
     parser = str(request.param).removesuffix("-opened")
     if request.param == "qwen3-opened":
         model = _with_template(server_model, d / "model", OPENS_THINK)
-    proc = ServerProcess(
-        model,
-        d / "server.log",
-        ["--max-total-tokens", "4096", "--disable-compile", "--reasoning-parser", parser],
-        None,
-        cli=False,
-    )
+    flags = ["--max-total-tokens", "4096", "--disable-compile", "--reasoning-parser", parser]
+    if parser == "deepseek-r1":  # the other server is the baseline without it
+        flags.append("--strip-thinking-cache")
+    proc = ServerProcess(model, d / "server.log", flags, None, cli=False)
     try:
         proc.wait_ready()
         yield str(request.param), proc
@@ -125,3 +123,35 @@ def test_constrained_output_is_all_answer(srv: tuple[str, ServerProcess], client
     assert (message.model_extra or {}).get("reasoning_content") is None
     if out.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(message.content or ""), dict)
+
+
+def test_strip_thinking_cache_keeps_only_the_prompt(
+    srv: tuple[str, ServerProcess], client: openai.OpenAI
+) -> None:
+    """With --strip-thinking-cache (the deepseek-r1 server) a chat request that reasoned leaves only its
+    prompt in the RadixCache; without it (the qwen3 server) its output stays cached too. A /generate
+    request is never stripped (a program appends the output to its next prompt verbatim)."""
+    name, proc = srv
+    with proc.client() as c:
+        assert c.post("/flush_cache").status_code == 200
+        out = client.chat.completions.create(model="m", messages=_messages(), **GREEDY)
+        assert out.usage is not None
+        prompt, completion = out.usage.prompt_tokens, out.usage.completion_tokens
+        cached = wait_idle(c)["kv_cached_tokens"]
+        if name == "deepseek-r1":
+            assert cached == prompt
+        else:
+            assert prompt < cached <= prompt + completion
+        assert c.post("/flush_cache").status_code == 200
+        body = {
+            "input_ids": list(range(100, 130)),
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        }
+        r = c.post("/generate", json=body)
+        assert r.status_code == 200, r.text
+        assert wait_idle(c)["kv_cached_tokens"] > 30
+
+
+def test_strip_thinking_cache_needs_a_reasoning_parser() -> None:
+    with pytest.raises(ValueError, match="strip_thinking_cache: needs --reasoning-parser"):
+        ServerArgs(model_path="m", strip_thinking_cache=True)

@@ -241,6 +241,12 @@ class ServerArgs:
         "turn it off with separate_reasoning: false. Unset: the text is all content.",
         REASONING_PARSERS,
     )
+    strip_thinking_cache: bool = arg(
+        False,
+        "With --reasoning-parser: a finished /v1/chat/completions request whose output reasoned is cached up "
+        "to its prompt only (SGLang's flag): chat templates drop earlier turns' reasoning, so its output's KV "
+        "(reasoning and the answer after it) would never be matched again and is freed at once.",
+    )
     responses_store_max_items: int = arg(
         1000,
         "Most responses /v1/responses keeps for GET, DELETE and previous_response_id (stored with store=true, "
@@ -414,6 +420,8 @@ class ServerArgs:
             raise ValueError("enable_hierarchical_cache: needs the radix cache (drop --disable-radix-cache)")
         if self.hicache_storage_dir is not None and not self.enable_hierarchical_cache:
             raise ValueError("hicache_storage_dir: needs --enable-hierarchical-cache")
+        if self.strip_thinking_cache and self.reasoning_parser is None:
+            raise ValueError("strip_thinking_cache: needs --reasoning-parser (which outputs reason)")
         if not self.grammar_compile_timeout > 0:
             raise ValueError(
                 f"grammar_compile_timeout: must be > 0 seconds, got {self.grammar_compile_timeout}"

@@ -29,6 +29,10 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
     # ({"type": "ephemeral", "ttl": 600 | "600" | "5m" | "1h"}).
     priority: int | list[int] | None = None
     cache_control: dict[str, Any] | list[dict[str, Any]] | None = None
+    # Set by /v1/chat/completions with --strip-thinking-cache: the output's reasoning opens with these token
+    # ids ([]: it reasons from its first token); a finished request whose output does is cached up to its
+    # prompt only (chat templates drop the reasoning, so the output's KV would never be matched again).
+    strip_thinking: list[int] | None = None
     # Prefill/decode disaggregation (set from sglang-router's fields by the HTTP layer, which validates them).
     bootstrap_host: str | list[Any] | None = None
     bootstrap_port: int | list[Any] | None = None
@@ -80,6 +84,7 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
             cache_salt=pick(self.cache_salt, "cache_salt"),
             priority=pick(self.priority, "priority"),
             cache_control=pick(self.cache_control, "cache_control"),
+            strip_thinking=self.strip_thinking,
             bootstrap_host=pick(self.bootstrap_host, "bootstrap_host"),
             bootstrap_port=pick(self.bootstrap_port, "bootstrap_port"),
             bootstrap_room=pick(self.bootstrap_room, "bootstrap_room"),
@@ -101,6 +106,7 @@ class SingleReq:
     cache_salt: str | None = None
     priority: int | None = None
     cache_control: dict[str, Any] | None = None
+    strip_thinking: list[int] | None = None
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None

@@ -193,6 +193,7 @@ class TokenizerManager:
                     tenant=tenant,
                     priority=req.priority,
                     pin_ttl=pin_ttl,
+                    strip_thinking=req.strip_thinking,
                     bootstrap_host=req.bootstrap_host,
                     bootstrap_port=req.bootstrap_port,
                     bootstrap_room=req.bootstrap_room,

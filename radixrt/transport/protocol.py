@@ -27,6 +27,9 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     tenant: str | None = None  # set by the server from the API key when tenants exist
     priority: int | None = None  # cache priority of the prefix it uses (--radix-eviction-policy priority)
     pin_ttl: float | None = None  # seconds to pin its cached prefix for when it finishes (cache_control)
+    # The output's reasoning opens with these ids ([]: from its first token): if it does, the finished
+    # request is cached up to its prompt only (--strip-thinking-cache; `GenerateReqInput.strip_thinking`).
+    strip_thinking: list[int] | None = None
     # Prefill/decode disaggregation (sglang-router PD mode): the prefill server's bootstrap server and the
     # room both servers' copies of the request share.
     bootstrap_host: str | None = None

@@ -239,6 +239,9 @@ class KVManager:
         own_from = req.cached_len
         if not self.tree.disable:
             aligned = kv_len // self.page_size * self.page_size
+            if _reasoned(req):  # its output is dead once the client drops the reasoning: keep the prompt
+                prompt = len(req.origin_input_ids) // self.page_size * self.page_size
+                aligned = min(aligned, max(prompt, req.cached_len))
             all_ids = req.origin_input_ids + req.output_ids
             key = all_ids[:aligned]
             prefix_len = self.tree.insert(key, slots[:aligned], req.cache_salt, req.tenant, req.priority)
@@ -298,3 +301,11 @@ class KVManager:
             assert not live, f"{len(live)} requests still live at idle"
             assert protected == pinned, f"{protected - pinned} tokens still locked (not by pins) at idle"
             assert self.req_pool.available_size() == self.req_pool.size, "ReqToTokenPool rows leaked"
+
+
+def _reasoned(req: Req) -> bool:
+    """Whether a finished request's output is reasoning a chat template will drop (``strip_thinking``)."""
+    opens = req.strip_thinking
+    if opens is None or req.finish_reason is None:  # a retracted request resumes: keep all it computed
+        return False
+    return req.output_ids[: len(opens)] == opens

@@ -52,6 +52,7 @@ class Req:
         "jumped",
         "priority",
         "pin_ttl",
+        "strip_thinking",
         "pinned_tokens",
         "pin_id",
         "bootstrap_host",
@@ -100,6 +101,7 @@ class Req:
         self.jumped = False  # jump-forward appended tokens that still need KV
         self.priority = msg.priority  # cache priority (None: the default, 0)
         self.pin_ttl = msg.pin_ttl  # pin the cached prefix for this long when it finishes (None: no pin)
+        self.strip_thinking = msg.strip_thinking  # cache only the prompt if the output opens with these ids
         self.pinned_tokens = 0
         self.pin_id: str | None = None
         # Prefill/decode disaggregation: the prefill server's bootstrap address and the pair's shared room.

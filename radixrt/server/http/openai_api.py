@@ -25,7 +25,7 @@ from radixrt.server.http.openai_protocol import (
     chat_prompt_ids,
     completion_prompts,
 )
-from radixrt.server.http.reasoning_output import reasoning_plan
+from radixrt.server.http.reasoning_output import reasoning_plan, thinking_opening
 from radixrt.server.http.sglang_compat import CHAT_FIELDS, COMPLETION_FIELDS, strip_neutral
 from radixrt.server.http.streaming import (
     CLIENT_CLOSED,
@@ -177,6 +177,8 @@ def build_openai_router(ctx: ServerContext) -> APIRouter:
         )
         parsing = None if plan is None else (tools.parser, plan.names)
         thinking = reasoning_plan(ctx.args.reasoning_parser, ctx.tokenizer, req, plan, ids)
+        if thinking is not None and ctx.args.strip_thinking_cache:
+            obj.strip_thinking = thinking_opening(thinking, ctx.tokenizer)
         fmt = ChatFormatter(
             ctx.model_name, req.n, req.include_usage, req.logprobs, req.rid, parsing, thinking
         )

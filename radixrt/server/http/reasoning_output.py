@@ -36,3 +36,11 @@ def reasoning_plan(
     fmt = get_reasoning_format(parser)
     tail = str(tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:]))
     return ReasoningPlan(fmt, prompt_opens_reasoning(fmt, tail), req.stream_reasoning)
+
+
+def thinking_opening(plan: ReasoningPlan, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids a reasoning output opens with (``[]``: it reasons from its first token), for
+    ``--strip-thinking-cache`` (`GenerateReqInput.strip_thinking`)."""
+    if plan.fmt.forced or plan.opened:
+        return []
+    return [int(t) for t in tokenizer.encode(plan.fmt.start, add_special_tokens=False)]
