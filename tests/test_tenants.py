@@ -206,3 +206,43 @@ def test_quota_holds_while_another_tenant_is_between_turns(
         run(eng, p, "noisy")
     held = eng.worker.call(lambda s: s.ledger.snapshot()["noisy"], timeout=30)
     assert held["kv_tokens_held"] > held["kv_quota_tokens"]
+
+
+def test_a_long_prompt_is_chunked_small_while_a_lighter_tenant_is_active(
+    tiny_llama: Path, tmp_path: Path, engine_factory
+) -> None:
+    """Quiet finished a request moments ago (inside ACTIVE_WINDOW_S): noisy's 600-token prompt is prefilled
+    in rounds of its share of CONTENDED_ROUND_TOKENS, so a quiet request arriving mid-round waits for a short
+    round. Alone (the window lapsed), the same prompt is one round; the output is the same."""
+    from radixrt.worker.tenant_ledger import CONTENDED_ROUND_TOKENS
+
+    cfg = tenants_file(tmp_path, [{"name": "quiet", "api_keys": ["q"], "kv_quota": 0.4},
+                                  {"name": "noisy", "api_keys": ["n"], "kv_quota": 0.3}])  # fmt: skip
+    eng = engine_factory(tiny_llama, max_total_tokens=4096, tenants=cfg)
+    now = [1000.0]
+    rounds: list[list[tuple[str | None, int]]] = []
+
+    def patch(s: Any) -> None:
+        s.ledger.clock = lambda: now[0]
+        real = s._run_extend
+
+        def recording(batch: list[Any]) -> None:
+            rounds.append([(r.tenant, r.extend_len) for r in batch])
+            real(batch)
+
+        s._run_extend = recording
+
+    eng.worker.call(patch, timeout=30)
+    quiet, noisy = prompts_of([40, 600], seed=6)
+    run(eng, quiet, "quiet")
+    rounds.clear()
+    contended = run(eng, noisy, "noisy")
+    cap = -(-3 * CONTENDED_ROUND_TOKENS // 10)  # ceil(0.3 x 512)
+    sizes = [n for r in rounds for t, n in r if t == "noisy"]
+    assert sum(sizes) == 600 and max(sizes) <= cap and len(sizes) == -(-600 // cap), sizes
+    assert eng.flush_cache()
+    now[0] += 3.0  # quiet has been idle for longer than the window: noisy is alone
+    rounds.clear()
+    alone = run(eng, noisy, "noisy")
+    assert [n for r in rounds for t, n in r if t == "noisy"] == [600]
+    assert contended["output_ids"] == alone["output_ids"]

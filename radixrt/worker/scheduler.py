@@ -37,6 +37,7 @@ from radixrt.worker.interval_log import IntervalLog, LoadCounters, read_load
 from radixrt.worker.kv_manager import KVManager, build_tree
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.output import OutputProcessor
+from radixrt.worker.pooling import pool_chunk
 from radixrt.worker.req import Req
 from radixrt.worker.schedule_policy import order_waiting, shared_uncached_prefix
 from radixrt.worker.stats import SchedulerStats
@@ -286,9 +287,15 @@ class Scheduler:
         args = self.args
         budget = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.max_prefill_tokens
         batch: list[Req] = []
+        caps: dict[str | None, int] | None = None  # per tenant prefill tokens this round (tenants)
+        if self.ledger is not None and (self.waiting or self.chunked is not None):
+            caps = self.ledger.prefill_caps(self.waiting, budget, self.chunked)
         if self.chunked is not None:
             req, self.chunked = self.chunked, None
             take = min(len(req.fill_ids) - req.kv_len, budget)
+            if caps is not None:
+                take = min(take, caps[req.tenant])
+                caps[req.tenant] -= take
             self.kv.yield_pins(req, len(req.fill_ids))
             if not self.kv.alloc(req, take):
                 self._retract(req)
@@ -314,10 +321,8 @@ class Scheduler:
             return batch  # no room: skip ordering (lpm probes the tree for every waiting request)
         headroom = self.kv.available() - self._reserved_decode()
         ordered = order_waiting(self.waiting, args.schedule_policy, self.tree)
-        caps: dict[str | None, int] | None = None
         if self.ledger is not None:
             ordered = self.ledger.fair_order(ordered)
-            caps = self.ledger.prefill_caps(self.waiting, budget)
         for req in ordered:
             if len(self.running) + len(batch) >= args.max_running_requests or budget <= 0:
                 break
@@ -330,7 +335,7 @@ class Scheduler:
             if dedup and shared_uncached_prefix(req, batch, req.kv_len) >= DEDUP_MIN_SHARED:
                 self.kv.release(req)  # wait one round: the prefix will be cached by then
                 continue
-            take = min(extend, budget)
+            take = min(extend, budget, caps[req.tenant] if caps is not None else budget)
             reserve = min(req.params.max_new_tokens, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
             need = self.kv.pages_needed(req, take) + (reserve if take == extend else 0)
             if need > headroom and (batch or self.running):
@@ -394,6 +399,8 @@ class Scheduler:
             self.stats.computed_prefill_tokens += req.extend_len
             if not req.input_logprobs_done:
                 self.out.input_logprobs(req, hidden[offset : offset + req.extend_len], start)
+            if req.embed is not None:
+                pool_chunk(req, hidden[offset : offset + req.extend_len])
             offset += req.extend_len
             if req.prefill_done:
                 done.append(req)

@@ -23,6 +23,9 @@ from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.req import Req
 
 ACTIVE_WINDOW_S = 2.0  # a tenant with a request this recent still has work (quotas hold against others)
+# While a lighter tenant is active, a tenant's prefill per round is its share of this many tokens: a
+# request of the lighter tenant arriving mid-round waits for at most such a round, not a long prompt's.
+CONTENDED_ROUND_TOKENS = 512
 
 
 @dataclass(slots=True)
@@ -116,14 +119,30 @@ class TenantLedger:
             key=lambda r: (self.admission_rank(r), running[r.tenant] / self.share(r.tenant), rank[id(r)]),
         )
 
-    def prefill_caps(self, waiting: list[Req], budget: int) -> dict[str | None, int] | None:
-        """Per tenant, the most prefill tokens one round may take while several tenants wait: its share of
-        ``budget`` (short rounds for everyone's first token instead of one tenant's long prompts); None
-        when only one tenant waits."""
-        tenants = {r.tenant for r in waiting}
-        if len(tenants) < 2:
-            return None
-        return {t: max(1, math.ceil(self.share(t) * budget)) for t in tenants}
+    def prefill_caps(
+        self, waiting: list[Req], budget: int, chunked: Req | None = None
+    ) -> dict[str | None, int] | None:
+        """Per tenant, the most prefill tokens one round may take (a longer prompt is chunked to it): its
+        share of ``budget`` while several tenants wait (short rounds for everyone's first token instead of
+        one tenant's long prompts), and its share of CONTENDED_ROUND_TOKENS while a lighter tenant (fewer
+        live and waiting requests for its share) is active, so that tenant's next request, arriving mid-round, does
+        not wait for a round of long prompts. ``chunked``: the request whose prefill continues this round.
+        None when no tenant is capped."""
+        tenants = {r.tenant for r in waiting} | ({chunked.tenant} if chunked is not None else set())
+        demand = Counter(r.tenant for r in self.live()) + Counter(r.tenant for r in waiting)
+        since = self.clock() - ACTIVE_WINDOW_S
+        active = tenants | set(demand) | {t for t, at in self.last_active.items() if at >= since}
+
+        def load(t: str | None) -> float:
+            return demand[t] / self.share(t)
+
+        caps: dict[str | None, int] = {}
+        for t in tenants:
+            cap = math.ceil(self.share(t) * budget) if len({r.tenant for r in waiting}) >= 2 else budget
+            if any(u != t and load(u) < load(t) for u in active):
+                cap = min(cap, math.ceil(self.share(t) * min(budget, CONTENDED_ROUND_TOKENS)))
+            caps[t] = max(1, cap)
+        return caps if any(c < budget for c in caps.values()) else None
 
     def contended(self, tenant: str | None, waiting: list[Req]) -> bool:
         """Whether another tenant has work: waiting or live requests, or one that arrived or finished
