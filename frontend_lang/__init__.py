@@ -56,6 +56,7 @@ from frontend_lang.errors import NestedRoleError, ProgramError
 from frontend_lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from frontend_lang.program import Program, global_config
 from frontend_lang.state import ProgramState, ProgramStateGroup
+from frontend_lang.tools import ToolCall, tool, tools_prompt
 from frontend_lang.tracer import ProgramGraph
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "REGEX_STR",
     "Runtime",
     "RuntimeEndpoint",
+    "ToolCall",
     "assistant",
     "assistant_begin",
     "assistant_end",
@@ -96,6 +98,8 @@ __all__ = [
     "system_begin",
     "system_end",
     "token_length_normalized",
+    "tool",
+    "tools_prompt",
     "unconditional_likelihood_normalized",
     "user",
     "user_begin",

@@ -20,6 +20,7 @@ from frontend_lang.ir import (
     to_expr,
 )
 from frontend_lang.program import Program, global_config
+from frontend_lang.tools import tool_spec
 
 
 def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None) -> Any:
@@ -73,12 +74,20 @@ def gen(
     json_schema: str | dict[str, Any] | None = None,
     choices: list[str] | None = None,
     choices_method: ChoicesMethod | str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] = "auto",
+    parallel_tool_calls: bool = False,
 ) -> Expr:
     """Generate text into variable ``name`` (unset parameters take the run's defaults).
 
     With ``choices`` it is ``select``. ``dtype`` (int, float, bool, str) and ``regex`` / ``json_schema``
     constrain the output; they need a runtime with constrained decoding. ``n > 1`` stores a list of
     n texts in the variable and appends none of them.
+
+    ``tools`` (OpenAI function tools) lets the model call functions: ``tool_choice`` ``"auto"``,
+    ``"required"`` or a function's name (those two constrain decoding so the calls always parse and
+    validate), ``parallel_tool_calls`` allows several calls; ``ProgramState.tool_calls(name)`` returns the
+    parsed calls (`frontend_lang.tools`).
     """
     if choices is not None:
         return select(name, choices, temperature or 0.0, choices_method)
@@ -104,7 +113,8 @@ def gen(
         regex=regex,
         json_schema=json_schema,
     )
-    return Gen(name, params)
+    spec = None if tools is None else tool_spec(tools, tool_choice, parallel_tool_calls)
+    return Gen(name, params, spec)
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

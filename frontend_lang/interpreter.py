@@ -34,6 +34,8 @@ from frontend_lang.ir import (
     VarScopeEnd,
 )
 from frontend_lang.retention import branch_priority
+from frontend_lang.tool_exec import calls_of, constrained, known_call, parser_of, prompt_text, response_turn
+from frontend_lang.tools import ToolResult, ToolsPrompt
 
 if TYPE_CHECKING:
     from frontend_lang.backends.base import BaseBackend
@@ -307,6 +309,10 @@ class StreamExecutor:
             self.set_var(expr.name, self.text_[self._scopes.pop(expr.name) :])
         elif isinstance(expr, _Join):
             self._join(expr)
+        elif isinstance(expr, ToolsPrompt):
+            self._append(prompt_text(parser_of(self.backend), expr.tools))
+        elif isinstance(expr, ToolResult):
+            self._tool_result(expr)
         else:
             raise TypeError(f"unsupported expression {type(expr).__name__}")
 
@@ -333,10 +339,14 @@ class StreamExecutor:
             params.stop = params.stop_list() + [
                 s for s in self.chat_template.stop_str if s not in params.stop_list()
             ]
+        parser = None
+        if expr.tools is not None:
+            parser = parser_of(self.backend)
+            params = constrained(params, expr.tools, parser)
         if params.constraint is not None:
             self.backend.check_constraints(params)
         ctx = self.context()
-        if self.stream and (params.n or 1) == 1:
+        if self.stream and (params.n or 1) == 1 and parser is None:
             pieces: list[str] = []
             meta: dict[str, Any] = {}
             for delta, snapshot in self.backend.generate_stream(ctx, params):
@@ -348,9 +358,19 @@ class StreamExecutor:
             value, meta = self.backend.generate(ctx, params)
             if isinstance(value, str):
                 self._append(value, expr.name)
+        if parser is not None:
+            meta = {**meta, "tool_calls": calls_of(parser, value, expr.tools)}
         if expr.name is not None:
             self.meta_info[expr.name] = meta
             self.set_var(expr.name, value)
+
+    def _tool_result(self, expr: ToolResult) -> None:
+        """A tool's result as a user turn (the generic tool prompt's ``<tool_response>``)."""
+        if not known_call(self.meta_info, expr.call_id):
+            raise ValueError(f"call_id: {expr.call_id!r} is not a tool call of this program state")
+        self._role_begin("user")
+        self._append(response_turn(expr.content))
+        self._role_end("user")
 
     def _select(self, expr: Select) -> None:
         method = resolve_method(expr.choices_method)

@@ -41,6 +41,7 @@ _NATIVE_NAMES: dict[str, str | None] = {
     "n": "n",
     "regex": "regex",
     "json_schema": "json_schema",
+    "ebnf": "ebnf",
     "return_logprob": None,
     "logprob_start_len": None,
     "top_logprobs_num": None,
@@ -70,6 +71,7 @@ class GenParams:
     dtype: str | None = None
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None  # set by a gen with tools (the call grammar)
 
     def merged(self, defaults: GenParams) -> GenParams:
         """These params with every unset field taken from ``defaults``."""
@@ -87,7 +89,9 @@ class GenParams:
 
     @property
     def constraint(self) -> str | None:
-        """Which constraint this gen carries ("regex", "json_schema" or None); dtype is a regex."""
+        """Which constraint this gen carries ("regex", "json_schema", "ebnf" or None); dtype is a regex."""
+        if self.ebnf is not None:
+            return "ebnf"
         if self.json_schema is not None:
             return "json_schema"
         if self.regex is not None or self.dtype is not None:
@@ -165,6 +169,7 @@ class Gen(Expr):
 
     name: str | None
     params: GenParams
+    tools: Any = None  # a frontend_lang.tools.ToolSpec: offer tools, parse the calls
 
 
 @dataclass(eq=False)

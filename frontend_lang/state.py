@@ -94,6 +94,15 @@ class ProgramState:
         self.executor.get_var(name)
         return self.executor.meta_info.get(name)
 
+    def tool_calls(self, name: str) -> list[Any]:
+        """The tool calls (`frontend_lang.tools.ToolCall`: ``id``, ``name``, ``arguments``, ``args``) the
+        model made in the ``gen(name, tools=...)``; empty when it made none (``auto``)."""
+        self.executor.get_var(name)
+        meta = self.executor.meta_info.get(name)
+        if not isinstance(meta, dict) or "tool_calls" not in meta:
+            raise KeyError(f"variable {name!r} was not generated with tools=")
+        return list(meta["tool_calls"])
+
     def error(self) -> BaseException | None:
         """The exception that stopped the program (raised in its body or by a backend), else None."""
         self.executor.sync()

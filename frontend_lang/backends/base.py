@@ -67,6 +67,11 @@ class BaseBackend:
         """Score every choice as a continuation of ``ctx.text`` and let ``method`` decide."""
         raise NotImplementedError
 
+    def tool_parser_name(self) -> str | None:
+        """The tool-call format of ``gen(..., tools=...)`` (a ``radixrt.server.tool_parsers`` name); None
+        when this backend cannot offer tools."""
+        return None
+
     def supports_constraints(self) -> bool:
         """Whether the runtime enforces ``regex`` / ``json_schema`` (constrained decoding)."""
         return False

@@ -227,6 +227,18 @@ class NativeBackend(BaseBackend):
         return ChoiceScores(choices, cond, uncond, extra)
 
     # -- capabilities ---------------------------------------------------------------------------
+    tool_call_parser: str | None = None  # overrides the format derived from the chat template
+
+    def tool_parser_name(self) -> str | None:
+        """``tool_call_parser`` if set, else the format the tokenizer's chat template writes, else the
+        Hermes format (as the server's default with the generic tool prompt)."""
+        from radixrt.server.tool_parsers.registry import DEFAULT_PARSER, parser_for_template
+
+        if self.tool_call_parser is not None:
+            return self.tool_call_parser
+        template = getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+        return parser_for_template(template) or DEFAULT_PARSER
+
     def supports_constraints(self) -> bool:
         """False only when the server says it has no grammar backend (SGLang's ``grammar_backend:
         "none"``); otherwise constraints are sent and a runtime without them answers with an error."""
