@@ -33,7 +33,7 @@ from tests.hf_reference import hf_greedy, hf_model
 SPEC = {
     "speculative_algorithm": "NGRAM",
     "speculative_verify_cost": 1.0,
-    "speculative_max_batch_size": 64,
+    "speculative_max_batch_size": 1024,
 }  # verify every draft
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

@@ -353,6 +353,7 @@ class _Tracker:
         self.cached_details: dict[str, int] | None = None  # device / host / disk, with the tiers on
         self.pinned_tokens = 0
         self.pin_id: str | None = None
+        self.spec: tuple[int, int] | None = None  # (verify steps, accepted draft tokens) with speculation
         self.in_lp: list[tuple[float | None, int]] = []
         self.in_top: list[list[tuple[float, int]] | None] = []
         self.out_lp: list[tuple[float, int]] = []
@@ -369,6 +370,8 @@ class _Tracker:
             self.cached_details = {"device": out.cached_tokens - host - disk, "host": host, "disk": disk}
         if out.pinned_tokens is not None:
             self.pinned_tokens, self.pin_id = out.pinned_tokens, out.pin_id
+        if out.spec_verify_ct is not None and out.spec_accepted_tokens is not None:
+            self.spec = (out.spec_verify_ct, out.spec_accepted_tokens)
         if out.new_ids:
             now = time.perf_counter()
             if self.first_token_at is None:
@@ -434,6 +437,10 @@ class _Tracker:
         meta["pinned_tokens"] = self.pinned_tokens
         if self.pin_id is not None:
             meta["pin_id"] = self.pin_id
+        if self.spec is not None:  # SGLang's names: tokens per verify step (accepted drafts + 1), 0 if none
+            verify_ct, accepted = self.spec
+            meta["spec_verify_ct"] = verify_ct
+            meta["spec_accept_length"] = (verify_ct + accepted) / verify_ct if verify_ct else 0.0
         if self.treq.return_logprob:
             meta["input_token_logprobs"] = self._fmt(self.in_lp)
             meta["output_token_logprobs"] = self._fmt(list(self.out_lp))

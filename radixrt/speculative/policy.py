@@ -9,10 +9,10 @@ by an exponential moving average of each request's accepted tokens per verify (p
 
 - above ``--speculative-max-batch-size`` running requests it drafts nothing (the batch is compute-bound:
   extra rows cost about what they save; drafting itself is skipped too);
-- a request whose average is under ``(C - 1) / 2`` is not drafted; every step it sits out, its
-  average moves ``1 / RECOVER_STEPS`` of the way back to the prior, so it is probed again later
-  (exponential backoff in effect: each failed probe pulls it down again);
-- when the kept drafts' predicted gain is under ``(C - 1) * B`` the step decodes plainly.
+- a request whose average is under ``(C - 1) / 2`` is not drafted;
+- when the kept drafts' predicted gain is under ``(C - 1) * B`` the step decodes plainly;
+- every step a request's draft sits out (either rule), its average moves ``1 / RECOVER_STEPS`` of the
+  way back to the prior, so it is probed again later (each failed probe pulls it down again).
 
 Every decision is a function of counts only (no clocks), so runs are reproducible; the scheduler's
 counters (``spec_skipped_batch_steps``, ``spec_skipped_cost_steps``, ``spec_backoff_req_steps``) say why
@@ -65,14 +65,16 @@ class SpecPolicy:
         for rid, d in zip(rids, drafts, strict=True):
             if d and self.expected(rid) < self.min_req_accept:
                 counters.spec_backoff_req_steps += 1
-                ema = self._ema[rid]
-                self._ema[rid] = ema + (PRIOR_ACCEPT - ema) / RECOVER_STEPS
                 d = []
             kept.append(d)
         gain = sum(self.expected(rid) for rid, d in zip(rids, kept, strict=True) if d)
         if any(kept) and gain < (self.verify_cost - 1.0) * len(rids):
             counters.spec_skipped_cost_steps += 1
-            return [[] for _ in kept]
+            kept = [[] for _ in kept]
+        for rid, d, k in zip(rids, drafts, kept, strict=True):
+            if d and not k:  # sat out: recover toward the prior, so the request is probed again later
+                ema = self.expected(rid)
+                self._ema[rid] = ema + (PRIOR_ACCEPT - ema) / RECOVER_STEPS
         return kept
 
     def record(self, rid: str, accepted: int) -> None:

@@ -15,6 +15,7 @@ from radixrt.speculative.suffix import SuffixTrie
 from radixrt.speculative.suffix_cache import SuffixCache
 from radixrt.speculative.worker import Speculator
 from radixrt.worker.req import Req
+from radixrt.worker.stats import SchedulerStats
 
 
 class SuffixSpeculator(Speculator):
@@ -44,6 +45,10 @@ class SuffixSpeculator(Speculator):
             if score > best_score:
                 best = d
         return best
+
+    def report(self, stats: SchedulerStats) -> None:
+        stats.spec_index_tokens = self.cache.tokens
+        stats.spec_index_nodes = self.cache.nodes
 
     def retire(self, req: Req) -> None:
         self._own.pop(id(req), None)

@@ -114,6 +114,9 @@ class Speculator:
     def retire(self, req: Req) -> None:
         """``req`` left the running batch (``req.finish_reason`` set when it finished)."""
 
+    def report(self, stats: SchedulerStats) -> None:
+        """Write the drafter's own gauges (index size) into the scheduler's stats."""
+
     def _track(self, reqs: list[Req]) -> None:
         ids = {id(r) for r in reqs}
         for key, req in list(self._live.items()):
@@ -129,6 +132,7 @@ class Speculator:
         no request has a draft or the drafts do not fit in KV memory: the caller then decodes plainly.
         After True the caller settles ``reqs`` as after a decode step (finish, report)."""
         self._track(reqs)
+        self.report(target.stats)
         if not self.policy.batch_allows(len(reqs), target.stats):
             return False
         drafts = [self.draft(r, target.runner.context_len) for r in reqs]
@@ -175,6 +179,8 @@ class Speculator:
             stats.spec_verify_reqs += 1
             stats.spec_draft_tokens += len(d)
             stats.spec_accepted_tokens += emitted - 1
+            r.spec_verify_ct += 1
+            r.spec_accepted += emitted - 1
             self.policy.record(r.rid, emitted - 1)
         stats.spec_verify_steps += 1
         return True

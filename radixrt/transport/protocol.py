@@ -93,6 +93,9 @@ class ReqOut(msgspec.Struct, array_like=True):
     # With cache_control on a finished request: the prefix tokens pinned (0: none fit) and the pin's id.
     pinned_tokens: int | None = None
     pin_id: str | None = None
+    # With --speculative-algorithm: verify steps that carried a draft of the request, draft tokens accepted.
+    spec_verify_ct: int | None = None
+    spec_accepted_tokens: int | None = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

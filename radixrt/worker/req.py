@@ -58,6 +58,8 @@ class Req:
         "bootstrap_host",
         "bootstrap_port",
         "bootstrap_room",
+        "spec_verify_ct",
+        "spec_accepted",
     )
 
     def __init__(self, msg: TokenizedGenerateReq, arrival: int) -> None:
@@ -82,6 +84,9 @@ class Req:
         # Of cached_tokens, those loaded from the host and disk tiers (the rest were on the device).
         self.cached_host_tokens = 0
         self.cached_disk_tokens = 0
+        # Speculative decoding: verify steps that carried a draft of this request, draft tokens accepted.
+        self.spec_verify_ct = 0
+        self.spec_accepted = 0
         self.finish_reason: dict[str, Any] | None = None
         self.extend_len = 0
         self.fill_ids: list[int] = self.origin_input_ids

@@ -48,6 +48,8 @@ class SchedulerStats:
     spec_skipped_batch_steps: int = 0
     spec_skipped_cost_steps: int = 0
     spec_backoff_req_steps: int = 0
+    spec_index_tokens: int = 0  # SUFFIX: tokens and trie nodes of the global index now
+    spec_index_nodes: int = 0
     tenants: TenantLedger | None = None  # per-tenant counters, when the server has tenants
 
     def on_arrival(self, req: Req) -> None:
@@ -95,6 +97,8 @@ class SchedulerStats:
             "spec_skipped_batch_steps": self.spec_skipped_batch_steps,
             "spec_skipped_cost_steps": self.spec_skipped_cost_steps,
             "spec_backoff_req_steps": self.spec_backoff_req_steps,
+            "spec_index_tokens": self.spec_index_tokens,
+            "spec_index_nodes": self.spec_index_nodes,
             # tokens emitted per drafted request per verify forward (accepted drafts + 1), SGLang's
             # "accept length"; 0 before any verify
             "spec_accept_length": (

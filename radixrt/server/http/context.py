@@ -73,7 +73,7 @@ class ServerContext:
             tokenizer, client, info.context_len, info.vocab_size, name, args.random_seed, args.max_batch_size
         )
         client.on_death = tm.fail_all
-        metrics = ServerMetrics(name, tenants=tenants is not None)
+        metrics = ServerMetrics(name, tenants=tenants is not None, spec_algorithm=args.speculative_algorithm)
         tm.listeners.append(metrics.on_finished)
         if args.log_requests:
             tm.listeners.append(log_request)

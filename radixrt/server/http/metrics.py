@@ -79,6 +79,37 @@ _WORKER_COUNTERS = {
     ),
 }
 
+# With --speculative-algorithm: worker stat -> (metric name, help), labelled with the algorithm
+_SPEC_COUNTERS = {
+    "spec_verify_steps": ("spec_verify_steps", "Speculative verify forwards"),
+    "spec_verify_reqs": (
+        "spec_verify_reqs",
+        "Drafted requests verified (one per request per verify forward)",
+    ),
+    "spec_draft_tokens": ("spec_draft_tokens", "Draft tokens verified"),
+    "spec_accepted_tokens": ("spec_accepted_tokens", "Draft tokens accepted into outputs"),
+    "spec_skipped_batch_steps": (
+        "spec_skipped_batch_steps",
+        "Decode steps not speculative: more running requests than --speculative-max-batch-size",
+    ),
+    "spec_skipped_cost_steps": (
+        "spec_skipped_cost_steps",
+        "Decode steps not speculative: predicted accepted drafts would not pay for the verify",
+    ),
+    "spec_backoff_req_steps": (
+        "spec_backoff_req_steps",
+        "Request-steps whose draft was dropped for the request's low acceptance",
+    ),
+}
+_SPEC_GAUGES = {
+    "spec_accept_length": (
+        "spec_accept_length",
+        "Tokens per drafted request per verify forward (accepted drafts + 1), since start",
+    ),
+    "spec_index_tokens": ("spec_index_tokens", "Tokens of finished requests in the SUFFIX global index"),
+    "spec_index_nodes": ("spec_index_nodes", "Suffix trie nodes of the SUFFIX global index"),
+}
+
 # StatsOut.tenants key -> (metric name, help) per tenant; counters cumulative since the worker started
 _TENANT_COUNTERS = {
     "requests": ("tenant_requests", "Requests the worker received"),
@@ -128,8 +159,9 @@ def outcome(meta: dict[str, Any]) -> str:
 class _WorkerCollector(Collector):
     """Exposes the most recent worker stats snapshot."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, spec_algorithm: str | None = None) -> None:
         self.model_name = model_name
+        self.spec_algorithm = spec_algorithm
         self.stats: dict[str, float] | None = None
         self.tenants: dict[str, dict[str, float]] | None = None
 
@@ -163,6 +195,12 @@ class _WorkerCollector(Collector):
                     m = family(PREFIX + name, doc, labels=["model_name"])
                     m.add_metric([self.model_name], float(self.stats[key]))
                     yield m
+        if self.spec_algorithm is not None:
+            for table, family in ((_SPEC_COUNTERS, CounterMetricFamily), (_SPEC_GAUGES, GaugeMetricFamily)):
+                for key, (name, doc) in table.items():
+                    m = family(PREFIX + name, doc, labels=["model_name", "algorithm"])
+                    m.add_metric([self.model_name, self.spec_algorithm], float(self.stats.get(key, 0.0)))
+                    yield m
         if self.tenants is None:
             return
         labels = ["model_name", "tenant"]
@@ -177,7 +215,7 @@ class _WorkerCollector(Collector):
 class ServerMetrics:
     """All metrics of one server; ``on_finished`` is a TokenizerManager listener."""
 
-    def __init__(self, model_name: str, tenants: bool = False) -> None:
+    def __init__(self, model_name: str, tenants: bool = False, spec_algorithm: str | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         labels = ["model_name"]
@@ -210,7 +248,7 @@ class ServerMetrics:
         self.e2e = histogram(
             "e2e_request_latency_seconds", "Request latency, arrival to last token", LATENCY_BUCKETS
         )
-        self._worker = _WorkerCollector(model_name)
+        self._worker = _WorkerCollector(model_name, spec_algorithm)
         self.registry.register(self._worker)
         # per tenant, only with tenants (without them /metrics stays as it was)
         self.tenant_ttft: Histogram | None = None
