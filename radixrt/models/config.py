@@ -7,6 +7,7 @@ and 5.x (``dtype``, ``rope_parameters``).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -131,6 +133,19 @@ class ModelConfig:
             )
         else:
             rope_theta, rope_scaling = _rope_settings(cfg)
+        max_positions = int(cfg.get("max_position_embeddings", 4096))
+        if rope_scaling is not None and rope_scaling["rope_type"] == "longrope":
+            rope_scaling = longrope_settings(rope_scaling, cfg, max_positions)
+            # NOTE: transformers switches every position to the long factors once a sequence passes the
+            # original context, re-rotating what is cached; radixrt keeps the short factors and stops there.
+            max_positions = int(rope_scaling["original_max_position_embeddings"])
+        partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or cfg.get(
+            "partial_rotary_factor"
+        )
+        if partial is not None and float(partial) != 1.0:
+            raise ValueError(
+                f"partial_rotary_factor: {partial} is not supported (rotary over the whole head only)"
+            )
         eos = cfg.get("eos_token_id")
         eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
         fields: dict[str, Any] = dict(
@@ -146,7 +161,7 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=family == "qwen3",
@@ -172,8 +187,28 @@ def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         scaling["rope_type"] = kind
         if kind == "default":
             scaling = None
-        elif kind not in ("llama3", "linear"):
+        elif kind == "su":  # the name Phi-3 checkpoints first shipped with
+            scaling["rope_type"] = "longrope"
+        elif kind not in ("llama3", "linear", "longrope"):
             raise ValueError(
-                f"rope_scaling: rope_type {kind!r} is not supported (supported: default, linear, llama3)"
+                f"rope_scaling: rope_type {kind!r} is not supported (supported: default, linear, llama3, longrope)"
             )
     return theta, scaling
+
+
+def longrope_settings(scaling: dict[str, Any], cfg: dict[str, Any], max_positions: int) -> dict[str, Any]:
+    """LongRoPE (Phi-3): ``original_max_position_embeddings`` and ``attention_factor`` filled in as
+    transformers derives them (factor = max / original context; sqrt(1 + ln factor / ln original))."""
+    out = dict(scaling)
+    original = int(
+        out.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings") or 0
+    )
+    if not original or "short_factor" not in out:
+        raise ValueError("rope_scaling: longrope needs original_max_position_embeddings and short_factor")
+    out["original_max_position_embeddings"] = original
+    factor = float(out.get("factor") or max_positions / original)
+    if out.get("attention_factor") is None:
+        out["attention_factor"] = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    return out

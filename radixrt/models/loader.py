@@ -57,6 +57,12 @@ def load_model(
                 if target.endswith("rotary_emb.inv_freq"):
                     continue
                 pieces = target.split(".")
+                if len(pieces) >= 2 and pieces[-2] == "gate_up_proj":  # Phi-3: [gate; up] in one matrix
+                    for half, part in zip(tensor.chunk(2, dim=0), ("gate_proj", "up_proj"), strict=True):
+                        split_name = ".".join([*pieces[:-2], part, pieces[-1]])
+                        _copy(params, split_name, half)
+                        loaded.add(split_name)
+                    continue
                 fused = _FUSED.get(pieces[-2]) if len(pieces) >= 2 else None
                 if fused is not None:
                     fused_name = ".".join([*pieces[:-2], fused[0], pieces[-1]])

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (default, linear and Llama-3 scaling), matching HF transformers."""
+"""Rotary position embeddings (default, linear, Llama-3 and LongRoPE scaling), matching HF transformers."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
     if scaling is None:
         return inv_freq
     kind = scaling["rope_type"]
+    if kind == "longrope":  # the short factors: radixrt stays within the original context
+        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * theta**exponents)
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor
@@ -46,8 +48,18 @@ class RotaryEmbedding(torch.nn.Module):
         pos = torch.arange(max_positions, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cache", emb.cos(), persistent=False)
-        self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        # LongRoPE scales cos and sin by its attention factor (1 for every other kind).
+        factor = (
+            float((scaling or {}).get("attention_factor") or 1.0)
+            if (scaling or {}).get("rope_type") == "longrope"
+            else 1.0
+        )
+        self.register_buffer(
+            "cos_cache", emb.cos() * factor if factor != 1.0 else emb.cos(), persistent=False
+        )
+        self.register_buffer(
+            "sin_cache", emb.sin() * factor if factor != 1.0 else emb.sin(), persistent=False
+        )
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

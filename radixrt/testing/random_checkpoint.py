@@ -57,6 +57,7 @@ _ARCHS: dict[str, tuple[str, str]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -270,6 +271,17 @@ def _build_config(
         kw["head_dim"] = 3 * dims["hidden_size"] // dims["num_attention_heads"] // 2  # != hidden / heads
     elif arch == "gemma3":
         kw.update(_gemma3_defaults(dims))
+    elif arch == "phi3":
+        # LongRoPE over an original context of 1024 (of 2048): short factors != 1, attention factor ~1.048.
+        half = dims["hidden_size"] // dims["num_attention_heads"] // 2
+        kw["original_max_position_embeddings"] = 1024
+        kw["rope_parameters"] = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.05 * i for i in range(half)],
+            "long_factor": [1.0 + 0.5 * i for i in range(half)],
+            "original_max_position_embeddings": 1024,
+        }
     kw.update(overrides)
     if kw["vocab_size"] < vocab["len"]:
         raise ValueError(
@@ -351,7 +363,7 @@ def make_checkpoint(
     Args:
         arch: "llama" (untied, Llama-3 rope scaling), "mistral" (no sliding window), "qwen2" (q/k/v bias,
             tied embeddings), "qwen3" (q/k norm, head_dim 1.5x hidden/heads) or "gemma3" (text-only
-            Gemma3ForCausalLM: see `_gemma3_defaults`).
+            Gemma3ForCausalLM: see `_gemma3_defaults`) or "phi3" (fused qkv / gate-up, LongRoPE).
         size: a key of `SIZES` ("tiny" ~7M params with the BPE vocab, "88m").
         seed: all weights derive from it; the same arguments give byte-identical files.
         tokenizer: "bpe" (offline-trained 8192-token ByteLevel BPE, ChatML template) or "qwen" (the real
