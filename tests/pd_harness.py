@@ -33,8 +33,12 @@ class PDPair:
         self.decode = ServerProcess(
             model, logs / "decode.log", pd_flags("decode", backend, free_port()), None, False
         )
-        for p in (self.prefill, self.decode):
-            p.wait_ready()
+        try:
+            for p in (self.prefill, self.decode):
+                p.wait_ready()
+        except BaseException:
+            self.stop()  # the fixture's teardown never runs when its setup raises
+            raise
 
     def boot(self, room: int) -> dict[str, Any]:
         """The fields the router adds to a request."""

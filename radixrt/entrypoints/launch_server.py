@@ -242,6 +242,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m radixrt.entrypoin
         parser.error(str(exc))
     if args.dp_size > 1:
         return launch_dp(args)
+    if args.pd:
+        from radixrt.disaggregation.launch import launch_pd
+
+        return launch_pd(args)
     if args.node_rank > 0:
         # NOTE: imported here: it loads the model runner, which the HTTP process never needs.
         from radixrt.entrypoints.tp_node import launch_node_followers
