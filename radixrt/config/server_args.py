@@ -247,6 +247,11 @@ class ServerArgs:
         "to its prompt only (SGLang's flag): chat templates drop earlier turns' reasoning, so its output's KV "
         "(reasoning and the answer after it) would never be matched again and is freed at once.",
     )
+    is_embedding: bool = arg(
+        False,
+        "Serve /v1/embeddings with a decoder-based embedding model (SGLang's flag): each input's final hidden "
+        "states pooled (last token, or mean as the checkpoint's 1_Pooling/config.json says) and L2-normalized.",
+    )
     responses_store_max_items: int = arg(
         1000,
         "Most responses /v1/responses keeps for GET, DELETE and previous_response_id (stored with store=true, "
@@ -370,11 +375,6 @@ class ServerArgs:
     disaggregation_ib_device: str | None = arg(
         None, "RDMA device(s) for the Mooncake transfer engine (mlx5_0,...). Unset: its TCP transport."
     )
-    pd: bool = arg(
-        False,
-        "Start one prefill server (--port + 1), one decode server (--port + 2) and sglang-router in PD mode on "
-        "--port, on this machine (docs/pd.md).",
-    )
     disaggregation_timeout: float = arg(
         30.0,
         "Seconds a prefill server waits for the decode side's KV slots and a decode server waits for the KV "
@@ -444,8 +444,6 @@ class ServerArgs:
             )
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
-        if self.pd and (self.disaggregation_mode != "null" or self.dp_size > 1):
-            raise ValueError("pd: starts both modes itself; drop --disaggregation-mode and --dp-size")
         if self.disaggregation_mode != "null" and self.tp_size > 1:
             raise ValueError("disaggregation_mode: not supported with --tp-size > 1 (one KV pool per server)")
         if not 0 < self.disaggregation_bootstrap_port < 65536 or not self.disaggregation_timeout > 0:

@@ -33,6 +33,8 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
     # ids ([]: it reasons from its first token); a finished request whose output does is cached up to its
     # prompt only (chat templates drop the reasoning, so the output's KV would never be matched again).
     strip_thinking: list[int] | None = None
+    # Set by /v1/embeddings: pool the prompt's final hidden states ("last" / "mean"; prefill only).
+    embed: str | None = None
     # Prefill/decode disaggregation (set from sglang-router's fields by the HTTP layer, which validates them).
     bootstrap_host: str | list[Any] | None = None
     bootstrap_port: int | list[Any] | None = None
@@ -85,6 +87,7 @@ class GenerateReqInput(msgspec.Struct, kw_only=True):
             priority=pick(self.priority, "priority"),
             cache_control=pick(self.cache_control, "cache_control"),
             strip_thinking=self.strip_thinking,
+            embed=self.embed,
             bootstrap_host=pick(self.bootstrap_host, "bootstrap_host"),
             bootstrap_port=pick(self.bootstrap_port, "bootstrap_port"),
             bootstrap_room=pick(self.bootstrap_room, "bootstrap_room"),
@@ -107,6 +110,7 @@ class SingleReq:
     priority: int | None = None
     cache_control: dict[str, Any] | None = None
     strip_thinking: list[int] | None = None
+    embed: str | None = None
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None

@@ -194,6 +194,7 @@ class TokenizerManager:
                     priority=req.priority,
                     pin_ttl=pin_ttl,
                     strip_thinking=req.strip_thinking,
+                    embed=req.embed,
                     bootstrap_host=req.bootstrap_host,
                     bootstrap_port=req.bootstrap_port,
                     bootstrap_room=req.bootstrap_room,
@@ -353,6 +354,7 @@ class _Tracker:
         self.cached_details: dict[str, int] | None = None  # device / host / disk, with the tiers on
         self.pinned_tokens = 0
         self.pin_id: str | None = None
+        self.embedding: list[float] | None = None  # an embedding request's pooled vector, once finished
         self.spec: tuple[int, int] | None = None  # (verify steps, accepted draft tokens) with speculation
         self.in_lp: list[tuple[float | None, int]] = []
         self.in_top: list[list[tuple[float, int]] | None] = []
@@ -370,6 +372,8 @@ class _Tracker:
             self.cached_details = {"device": out.cached_tokens - host - disk, "host": host, "disk": disk}
         if out.pinned_tokens is not None:
             self.pinned_tokens, self.pin_id = out.pinned_tokens, out.pin_id
+        if out.embedding is not None:
+            self.embedding = out.embedding
         if out.spec_verify_ct is not None and out.spec_accepted_tokens is not None:
             self.spec = (out.spec_verify_ct, out.spec_accepted_tokens)
         if out.new_ids:
@@ -447,7 +451,10 @@ class _Tracker:
             if self.treq.top_logprobs_num:
                 meta["input_top_logprobs"] = self._fmt_top(self.in_top)
                 meta["output_top_logprobs"] = self._fmt_top(list(self.out_top))
-        return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+        result = {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+        if self.embedding is not None:
+            result["embedding"] = self.embedding
+        return result
 
 
 def _stop_prefix_len(text: str, stops: list[str]) -> int:

@@ -30,6 +30,9 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     # The output's reasoning opens with these ids ([]: from its first token): if it does, the finished
     # request is cached up to its prompt only (--strip-thinking-cache; `GenerateReqInput.strip_thinking`).
     strip_thinking: list[int] | None = None
+    # An embedding request (``"last"`` / ``"mean"`` pooling, `radixrt.worker.pooling`): prefill only, and
+    # the finished ReqOut carries the pooled final hidden state.
+    embed: str | None = None
     # Prefill/decode disaggregation (sglang-router PD mode): the prefill server's bootstrap server and the
     # room both servers' copies of the request share.
     bootstrap_host: str | None = None
@@ -93,6 +96,8 @@ class ReqOut(msgspec.Struct, array_like=True):
     # With cache_control on a finished request: the prefix tokens pinned (0: none fit) and the pin's id.
     pinned_tokens: int | None = None
     pin_id: str | None = None
+    # An embedding request's pooled final hidden state (float32, not normalized), when it finished.
+    embedding: list[float] | None = None
     # With --speculative-algorithm: verify steps that carried a draft of the request, draft tokens accepted.
     spec_verify_ct: int | None = None
     spec_accepted_tokens: int | None = None

@@ -197,6 +197,8 @@ class OutputProcessor:
                 out.cached_tokens_disk = req.cached_disk_tokens
             if req.pin_ttl is not None and req.finish_reason is not None:
                 out.pinned_tokens, out.pin_id = req.pinned_tokens, req.pin_id
+            if req.embedding is not None and req.finish_reason is not None:
+                out.embedding = req.embedding
             if self.args.speculative_algorithm is not None:
                 out.spec_verify_ct, out.spec_accepted_tokens = req.spec_verify_ct, req.spec_accepted
             req.pending_out = []

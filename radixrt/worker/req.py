@@ -53,6 +53,9 @@ class Req:
         "priority",
         "pin_ttl",
         "strip_thinking",
+        "embed",
+        "embed_acc",
+        "embedding",
         "pinned_tokens",
         "pin_id",
         "bootstrap_host",
@@ -107,6 +110,9 @@ class Req:
         self.priority = msg.priority  # cache priority (None: the default, 0)
         self.pin_ttl = msg.pin_ttl  # pin the cached prefix for this long when it finishes (None: no pin)
         self.strip_thinking = msg.strip_thinking  # cache only the prompt if the output opens with these ids
+        self.embed = msg.embed  # pooling of an embedding request (`radixrt.worker.pooling`), else None
+        self.embed_acc: Any = None  # mean pooling: the sum of the hidden states computed so far
+        self.embedding: list[float] | None = None
         self.pinned_tokens = 0
         self.pin_id: str | None = None
         # Prefill/decode disaggregation: the prefill server's bootstrap address and the pair's shared room.
@@ -145,6 +151,8 @@ class Req:
         """How much of fill_ids may come from the cache: at least one token is always computed, and
         prompt logprobs need their positions computed."""
         limit = len(self.fill_ids) - 1
+        if self.embed == "mean":  # every prompt token's hidden state is averaged
+            return 0
         if not self.input_logprobs_done:
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return max(limit, 0)

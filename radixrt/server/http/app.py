@@ -20,6 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 from radixrt import __version__
 from radixrt.disaggregation.request_fields import take_bootstrap
 from radixrt.server.http.context import ServerContext
+from radixrt.server.http.embeddings_api import build_embeddings_router
 from radixrt.server.http.errors import (
     APIError,
     JSONResponse,
@@ -82,6 +83,7 @@ def build_app(ctx: ServerContext) -> FastAPI:
     app.include_router(build_pins_router(ctx))
     app.include_router(build_responses_router(ctx))
     app.include_router(build_tokenize_router(ctx))
+    app.include_router(build_embeddings_router(ctx))
 
     @app.get("/health")
     @app.head("/health")

@@ -29,7 +29,7 @@ from radixrt.server.http.errors import APIError
 OPEN_ROUTES = frozenset({"/health"})  # no key needed
 TENANT_ROUTES = frozenset(
     {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/get_model_info", "/model_info",
-     "/openapi.json", "/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize"}
+     "/openapi.json", "/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize", "/v1/embeddings"}
 )  # fmt: skip
 REPORT_PAGE_TOKENS = 16  # --cache-report-granularity page: cached_tokens in whole pages of this many tokens
 
