@@ -375,6 +375,11 @@ class ServerArgs:
     disaggregation_ib_device: str | None = arg(
         None, "RDMA device(s) for the Mooncake transfer engine (mlx5_0,...). Unset: its TCP transport."
     )
+    pd: bool = arg(
+        False,
+        "Start one prefill server (--port + 1), one decode server (--port + 2) and sglang-router in PD mode on "
+        "--port, on this machine (docs/pd.md).",
+    )
     disaggregation_timeout: float = arg(
         30.0,
         "Seconds a prefill server waits for the decode side's KV slots and a decode server waits for the KV "
@@ -444,6 +449,8 @@ class ServerArgs:
             )
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if self.pd and (self.disaggregation_mode != "null" or self.dp_size > 1):
+            raise ValueError("pd: starts both modes itself; drop --disaggregation-mode and --dp-size")
         if self.disaggregation_mode != "null" and self.tp_size > 1:
             raise ValueError("disaggregation_mode: not supported with --tp-size > 1 (one KV pool per server)")
         if not 0 < self.disaggregation_bootstrap_port < 65536 or not self.disaggregation_timeout > 0:
