@@ -11,8 +11,9 @@ profiled; the table lists the top ops by self CPU time and a summary groups them
 attention, the rest) against the wall time of the request, whose remainder is Python and scheduling.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - radixrt first (below)
 
+import radixrt  # noqa: F401 - before torch: bounds libgomp's spin-waiting (radixrt/worker/threads.py)
 import argparse
 import os
 import random
