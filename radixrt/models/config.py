@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from radixrt.models import gemma3_config
+from radixrt.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -23,6 +24,9 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -89,6 +93,8 @@ class ModelConfig:
     # RoPE of the local (sliding-window) layers when it differs from the global one (Gemma 3).
     local_rope_theta: float | None = None
     local_rope_scaling: dict[str, Any] | None = None
+    # Mixture-of-experts routing and shapes (Mixtral, Qwen2-MoE, Qwen3-MoE); None for dense models.
+    moe: MoEConfig | None = None
 
     def window_of(self, layer_id: int) -> int | None:
         """The sliding window of layer ``layer_id`` (None: full attention)."""
@@ -121,9 +127,11 @@ class ModelConfig:
         hidden = int(cfg["hidden_size"])
         torch_dtype = auto_dtype() if dtype == "auto" else parse_dtype(dtype)
         sliding = cfg.get("sliding_window")
-        if family == "qwen2" and not cfg.get("use_sliding_window", False):
-            sliding = None
         extra: dict[str, Any] = {}
+        if family in MOE_FAMILIES:
+            extra["moe"] = moe_config(family, cfg)
+        if family in ("qwen2", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+            sliding = None
         if family == "gemma3":
             local, global_ = gemma3_config.rope_dicts(cfg)
             rope_theta, rope_scaling = _rope_settings({"rope_parameters": global_})
@@ -163,8 +171,10 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            attention_bias=family == "qwen2"
+            or (family == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
+            or bool(cfg.get("attention_bias", False)),
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             sliding_window=int(sliding) if sliding else None,
             dtype=torch_dtype,
             eos_token_ids=eos_ids,

@@ -9,12 +9,18 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from radixrt.models import moe
 from radixrt.models.config import ModelConfig
 from radixrt.models.gemma3 import Gemma3ForCausalLM
 from radixrt.models.llama import LlamaForCausalLM
 
 # Families whose decoder differs from Llama's; every other family is a LlamaForCausalLM.
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {"gemma3": Gemma3ForCausalLM}
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "gemma3": Gemma3ForCausalLM,
+    "mixtral": moe.MoEForCausalLM,
+    "qwen2_moe": moe.MoEForCausalLM,
+    "qwen3_moe": moe.MoEForCausalLM,
+}
 _FUSED = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
@@ -49,12 +55,26 @@ def load_model(
     params = dict(model.named_parameters(remove_duplicate=False))
     parts: dict[str, list[torch.Tensor | None]] = {}
     loaded: set[str] = set()
+    filled: dict[str, int] = {}  # stacked expert parameters: how many per-expert matrices arrived
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in tqdm(list(f.keys()), desc=f"loading {path.name}", unit="tensor"):
                 tensor = f.get_tensor(name)
                 target = name.removeprefix("model.")
                 if target.endswith("rotary_emb.inv_freq"):
+                    continue
+                target = moe.canonical_name(target)
+                expert = moe.expert_piece(target)
+                if expert is not None:
+                    param_name, index, piece = expert
+                    if param_name not in params:
+                        raise ValueError(
+                            f"checkpoint weight {name!r} does not belong to a {cfg.architecture}"
+                        )
+                    moe.copy_expert_piece(params[param_name], index, piece, tensor)
+                    filled[param_name] = filled.get(param_name, 0) + 1
+                    if filled[param_name] == params[param_name].shape[0] * (2 if piece != "down" else 1):
+                        loaded.add(param_name)
                     continue
                 pieces = target.split(".")
                 if len(pieces) >= 2 and pieces[-2] == "gate_up_proj":  # Phi-3: [gate; up] in one matrix

@@ -78,6 +78,9 @@ class ModelRunner:
             self.quantization = self._init_tensor_parallel(model_path, gguf_file)
         else:
             self.quantization = resolve_quantization(args.quantization, gguf_file, cfg.dtype)
+            if cfg.moe is not None and self.quantization != "none":
+                raise ValueError(f"quantization: {self.quantization!r} with a mixture-of-experts model; its "
+                                 "stacked experts run unquantized so far (--quantization none)")  # fmt: skip
             apply_quantization(
                 self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens
             )
@@ -128,6 +131,9 @@ class ModelRunner:
             logger.info(
                 "tensor parallel rank %d/%d: decode runs eagerly (no compile or CUDA graphs)", tp_rank, tp
             )
+        elif cfg.moe is not None:
+            logger.info("mixture of experts: decode runs eagerly, no compile or CUDA graphs (the expert "
+                        "grouping is data-dependent)")  # fmt: skip
         elif self.device.type == "cuda":
             self._init_cuda_graphs()
         elif not args.disable_compile:
@@ -153,8 +159,9 @@ class ModelRunner:
         if gguf_file is not None:
             logger.info("tensor parallel: the GGUF weights run dequantized (quantization none)")
         cfg = self.config
-        if cfg.family == "gemma3":
-            raise ValueError("tp_size: Gemma 3 runs on one rank so far (its scaled embedding is not sharded)")
+        if cfg.family == "gemma3" or cfg.moe is not None:
+            raise ValueError(f"tp_size: {cfg.architecture} runs on one rank so far (tensor parallelism shards "
+                             "Llama-family dense layers only)")  # fmt: skip
         check_divisible(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, args.tp_size)
         if self.tp_rank == 0:
             if self.tp_follower is None:

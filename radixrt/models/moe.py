@@ -1,0 +1,114 @@
+"""Mixture-of-experts decoders: Mixtral, Qwen2-MoE (with its gated shared expert) and Qwen3-MoE.
+
+Attention is the Llama-family one (Qwen2-MoE: q/k/v bias; Qwen3-MoE: per-head q/k norm); the MLP of a sparse
+layer is `SparseMoE`: a linear router, softmax in float32, the top-k experts of each token, their weights
+renormalized to sum 1 where the family does (Mixtral always; Qwen ``norm_topk_prob``), and the experts' SwiGLU
+MLPs. The experts' weights are stacked, ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` (the loader fills
+them from the checkpoint's per-expert matrices). The CPU path groups the routed (token, expert) pairs by
+expert with one sort, then runs each expert that received tokens as two matmuls over its rows: a Python loop
+over experts (at most E iterations), never over tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixrt.models.config import ModelConfig
+from radixrt.models.llama import MLP, DecoderLayer, LlamaForCausalLM
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed experts (plus, for Qwen2-MoE, a shared expert scaled by a sigmoid gate)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        e, i, h = moe.num_experts, moe.expert_intermediate_size, cfg.hidden_size
+        self.top_k, self.normalize = moe.top_k, moe.norm_topk_prob
+        self.gate = nn.Linear(h, e, bias=False)
+        self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.w_down = nn.Parameter(torch.empty(e, h, i))
+        self.shared_expert: MLP | None = None
+        self.shared_expert_gate: nn.Linear | None = None
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = MLP(cfg, moe.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights ``[T, k]`` in x's dtype, expert ids ``[T, k]``) of each token."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.route(x)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
+        rows = order // self.top_k
+        pair_weight = weights.flatten()[order]
+        counts = torch.bincount(flat, minlength=self.w_down.shape[0]).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = rows[start : start + n]
+            gate, up = F.linear(x[idx], self.w_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.w_down[e])
+            out.index_add_(0, idx, y * pair_weight[start : start + n, None])
+            start += n
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class MoEForCausalLM(LlamaForCausalLM):
+    """A Llama-family decoder whose sparse layers (``ModelConfig.moe.sparse_layers``) use `SparseMoE`."""
+
+    def make_layer(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
+        layer = DecoderLayer(cfg, layer_id)
+        assert cfg.moe is not None
+        if layer_id in cfg.moe.sparse_layers:
+            layer.mlp = SparseMoE(cfg)  # type: ignore[assignment]
+        return layer
+
+
+_PIECES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
+
+
+def expert_piece(name: str) -> tuple[str, int, str] | None:
+    """Where a checkpoint's per-expert matrix goes: (stacked parameter, expert, "gate" | "up" | "down") for
+    ``layers.N.mlp.experts.J.gate_proj.weight`` (Qwen) / ``layers.N.block_sparse_moe.experts.J.w1.weight``
+    (Mixtral: w1 gate, w3 up, w2 down); None for any other name."""
+    parts = name.split(".")
+    if len(parts) != 7 or parts[0] != "layers" or parts[3] != "experts" or parts[5] not in _PIECES:
+        return None
+    piece = _PIECES[parts[5]]
+    param = "w_down" if piece == "down" else "w_gate_up"
+    return f"layers.{parts[1]}.mlp.{param}", int(parts[4]), piece
+
+
+def canonical_name(name: str) -> str:
+    """Mixtral's ``block_sparse_moe`` module is this model's ``mlp``; v5-style stacked experts
+    (``mlp.experts.gate_up_proj`` / ``down_proj``) are ``mlp.w_gate_up`` / ``mlp.w_down``."""
+    name = name.replace(".block_sparse_moe.", ".mlp.")
+    return name.replace(".mlp.experts.gate_up_proj", ".mlp.w_gate_up").replace(
+        ".mlp.experts.down_proj", ".mlp.w_down"
+    )
+
+
+def copy_expert_piece(param: torch.Tensor, expert: int, piece: str, tensor: torch.Tensor) -> None:
+    """Copy one expert's gate / up / down matrix into its rows of the stacked parameter."""
+    half = param.shape[1] // 2
+    target = {"gate": param[expert, :half], "up": param[expert, half:], "down": param[expert]}[piece]
+    if target.shape != tensor.shape:
+        raise ValueError(
+            f"expert {expert} {piece}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
+        )
+    with torch.no_grad():
+        target.copy_(tensor.to(param.dtype))
