@@ -505,7 +505,9 @@ class ServerArgs:
                 f"got {self.speculative_ngram_max_match_window_size}"
             )
         if self.speculative_max_batch_size < 0:
-            raise ValueError(f"speculative_max_batch_size: must be >= 0, got {self.speculative_max_batch_size}")
+            raise ValueError(
+                f"speculative_max_batch_size: must be >= 0, got {self.speculative_max_batch_size}"
+            )
         if not self.speculative_verify_cost >= 1.0:
             raise ValueError(f"speculative_verify_cost: must be >= 1, got {self.speculative_verify_cost}")
         if self.speculative_suffix_max_depth < 2:
