@@ -1,6 +1,6 @@
 """Mixture-of-experts models against transformers on random weights: Mixtral (top-2 of 8, renormalized),
 Qwen2-MoE (top-3 of 8 unnormalized, gated shared expert, a dense last layer, q/k/v bias), Qwen3-MoE (top-3,
-renormalized, q/k norm). Greedy fp32 ids equal, batched, chunked, page sizes 1 and 16, cached-prefix extends;
+renormalized, q/k norm), OLMoE (top-3 unnormalized, whole-projection q/k norm, q/k/v clamped). Greedy fp32 ids equal, batched, chunked, page sizes 1 and 16, cached-prefix extends;
 the expert-grouped MoE block equals a naive per-token loop."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy, hf_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
-ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
+ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "mixtral": moe.MoEForCausalLM,
     "qwen2_moe": moe.MoEForCausalLM,
     "qwen3_moe": moe.MoEForCausalLM,
+    "olmoe": moe.MoEForCausalLM,
 }
 _FUSED = {
     "q_proj": ("qkv_proj", 0),
@@ -63,7 +64,7 @@ def load_model(
                 target = name.removeprefix("model.")
                 if target.endswith("rotary_emb.inv_freq"):
                     continue
-                target = moe.canonical_name(target)
+                target = moe.canonical_name(target, cfg.moe is not None and cfg.moe.full_qk_norm)
                 expert = moe.expert_piece(target)
                 if expert is not None:
                     param_name, index, piece = expert

@@ -1,6 +1,7 @@
-"""Mixture-of-experts decoders: Mixtral, Qwen2-MoE (with its gated shared expert) and Qwen3-MoE.
+"""Mixture-of-experts decoders: Mixtral, Qwen2-MoE (with its gated shared expert), Qwen3-MoE and OLMoE.
 
-Attention is the Llama-family one (Qwen2-MoE: q/k/v bias; Qwen3-MoE: per-head q/k norm); the MLP of a sparse
+Attention is the Llama-family one (Qwen2-MoE: q/k/v bias; Qwen3-MoE: per-head q/k norm; OLMoE: q/k norm over
+the whole projection and optional q/k/v clamping, `FullNormAttention`); the MLP of a sparse
 layer is `SparseMoE`: a linear router, softmax in float32, the top-k experts of each token, their weights
 renormalized to sum 1 where the family does (Mixtral always; Qwen ``norm_topk_prob``), and the experts' SwiGLU
 MLPs. The experts' weights are stacked, ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` (the loader fills
@@ -15,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.models.config import ModelConfig
-from radixrt.models.llama import MLP, DecoderLayer, LlamaForCausalLM
+from radixrt.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
+from radixrt.models.rope import RotaryEmbedding
 
 
 class SparseMoE(nn.Module):
@@ -67,6 +70,37 @@ class SparseMoE(nn.Module):
         return out
 
 
+class FullNormAttention(Attention):
+    """OLMoE's attention: RMSNorm over all query / key channels before the split into heads, then
+    q, k, v clamped to ``[-clip_qkv, clip_qkv]`` when the config sets it."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__(cfg, layer_id)
+        assert cfg.moe is not None
+        self.clip = cfg.moe.clip_qkv
+        self.q_full_norm = RMSNorm(self.q_size, cfg.rms_norm_eps)
+        self.k_full_norm = RMSNorm(self.kv_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        backend: AttentionBackend,
+        md: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.q_full_norm(q), self.k_full_norm(k)
+        if self.clip is not None:
+            q, k, v = (y.clamp(-self.clip, self.clip) for y in (q, k, v))
+        q, k = rope(
+            positions, q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        )
+        out = backend.forward(q, k, v.reshape(t, self.num_kv_heads, self.head_dim), self.layer_id, md)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
 class MoEForCausalLM(LlamaForCausalLM):
     """A Llama-family decoder whose sparse layers (``ModelConfig.moe.sparse_layers``) use `SparseMoE`."""
 
@@ -75,6 +109,8 @@ class MoEForCausalLM(LlamaForCausalLM):
         assert cfg.moe is not None
         if layer_id in cfg.moe.sparse_layers:
             layer.mlp = SparseMoE(cfg)  # type: ignore[assignment]
+        if cfg.moe.full_qk_norm:
+            layer.self_attn = FullNormAttention(cfg, layer_id)
         return layer
 
 
@@ -93,10 +129,15 @@ def expert_piece(name: str) -> tuple[str, int, str] | None:
     return f"layers.{parts[1]}.mlp.{param}", int(parts[4]), piece
 
 
-def canonical_name(name: str) -> str:
+def canonical_name(name: str, full_qk_norm: bool = False) -> str:
     """Mixtral's ``block_sparse_moe`` module is this model's ``mlp``; v5-style stacked experts
-    (``mlp.experts.gate_up_proj`` / ``down_proj``) are ``mlp.w_gate_up`` / ``mlp.w_down``."""
+    (``mlp.experts.gate_up_proj`` / ``down_proj``) are ``mlp.w_gate_up`` / ``mlp.w_down``; OLMoE's
+    whole-projection q/k norms are ``self_attn.q_full_norm`` / ``k_full_norm``."""
     name = name.replace(".block_sparse_moe.", ".mlp.")
+    if full_qk_norm:
+        name = name.replace(".self_attn.q_norm.", ".self_attn.q_full_norm.").replace(
+            ".self_attn.k_norm.", ".self_attn.k_full_norm."
+        )
     return name.replace(".mlp.experts.gate_up_proj", ".mlp.w_gate_up").replace(
         ".mlp.experts.down_proj", ".mlp.w_down"
     )

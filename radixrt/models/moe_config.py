@@ -1,11 +1,11 @@
-"""The mixture-of-experts fields of a config.json (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+"""The mixture-of-experts fields of a config.json (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 @dataclass(slots=True)
@@ -18,10 +18,14 @@ class MoEConfig:
     norm_topk_prob: bool
     shared_expert_intermediate_size: int = 0
     sparse_layers: list[int] = field(default_factory=list)
+    # OLMoE's attention: q/k RMSNorm over the whole projection (not per head), q/k/v clamped to +-clip_qkv.
+    full_qk_norm: bool = False
+    clip_qkv: float | None = None
 
 
 def moe_config(family: str, cfg: dict[str, Any]) -> MoEConfig:
-    """Mixtral: every layer sparse, top-k weights always renormalized. Qwen2/3-MoE: ``decoder_sparse_step``
+    """Mixtral: every layer sparse, top-k weights always renormalized. OLMoE: every layer sparse,
+    ``norm_topk_prob``, its own q/k norm. Qwen2/3-MoE: ``decoder_sparse_step``
     and ``mlp_only_layers`` pick the sparse layers, ``norm_topk_prob`` the renormalization, and Qwen2-MoE adds
     a shared expert."""
     layers = int(cfg["num_hidden_layers"])
@@ -32,6 +36,17 @@ def moe_config(family: str, cfg: dict[str, Any]) -> MoEConfig:
             expert_intermediate_size=int(cfg["intermediate_size"]),
             norm_topk_prob=True,
             sparse_layers=list(range(layers)),
+        )
+    if family == "olmoe":
+        clip = cfg.get("clip_qkv")
+        return MoEConfig(
+            num_experts=int(cfg["num_experts"]),
+            top_k=int(cfg["num_experts_per_tok"]),
+            expert_intermediate_size=int(cfg["intermediate_size"]),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            sparse_layers=list(range(layers)),
+            full_qk_norm=True,
+            clip_qkv=None if clip is None else float(clip),
         )
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     step = int(cfg.get("decoder_sparse_step") or 1)

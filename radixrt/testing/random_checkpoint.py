@@ -61,6 +61,7 @@ _ARCHS: dict[str, tuple[str, str]] = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -274,7 +275,7 @@ def _build_config(
         kw["head_dim"] = 3 * dims["hidden_size"] // dims["num_attention_heads"] // 2  # != hidden / heads
     elif arch == "gemma3":
         kw.update(_gemma3_defaults(dims))
-    elif arch in ("mixtral", "qwen2_moe", "qwen3_moe"):
+    elif arch in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
         kw.update(_moe_defaults(arch, dims))
     elif arch == "phi3":
         # LongRoPE over an original context of 1024 (of 2048): short factors != 1, attention factor ~1.048.
@@ -299,10 +300,13 @@ def _build_config(
 
 
 def _moe_defaults(arch: str, dims: dict[str, int]) -> dict[str, Any]:
-    """Mixture of experts at test scale: 8 experts, top 2 (Mixtral, no window) / 8 experts, top 3 with small
+    """Mixture of experts at test scale: 8 experts, top 2 (Mixtral, no window); OLMoE top 3, clip_qkv 2;
+    8 experts, top 3 with small
     experts (Qwen2-MoE: a shared expert, unnormalized top-k, the last layer dense; Qwen3-MoE: normalized)."""
     if arch == "mixtral":
         return dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=None)
+    if arch == "olmoe":  # top 3 of 8 unnormalized, q/k/v clamped
+        return dict(num_experts=8, num_experts_per_tok=3, norm_topk_prob=False, clip_qkv=2.0)
     kw: dict[str, Any] = dict(
         num_experts=8,
         num_experts_per_tok=3,
@@ -387,7 +391,7 @@ def make_checkpoint(
         arch: "llama" (untied, Llama-3 rope scaling), "mistral" (no sliding window), "qwen2" (q/k/v bias,
             tied embeddings), "qwen3" (q/k norm, head_dim 1.5x hidden/heads) or "gemma3" (text-only
             Gemma3ForCausalLM: see `_gemma3_defaults`), "phi3" (fused qkv / gate-up, LongRoPE), "mixtral",
-            "qwen2_moe" or "qwen3_moe" (see `_moe_defaults`).
+            "qwen2_moe", "qwen3_moe" or "olmoe" (see `_moe_defaults`).
         size: a key of `SIZES` ("tiny" ~7M params with the BPE vocab, "88m").
         seed: all weights derive from it; the same arguments give byte-identical files.
         tokenizer: "bpe" (offline-trained 8192-token ByteLevel BPE, ChatML template) or "qwen" (the real
