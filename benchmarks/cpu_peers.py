@@ -25,6 +25,7 @@ radixrt / peer ratio as the median of the per-repeat ratios (the two sides measu
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 import statistics
 import time
@@ -51,6 +52,8 @@ class Peer(Protocol):
     max_batch: int  # 1: one sequence at a time (its batch figures are not measured)
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> float: ...
+
+    def flush(self) -> None: ...  # forget the cached prefixes where the system can (after each figure)
 
     def close(self) -> None: ...
 
@@ -127,12 +130,6 @@ class LlamaCppPeer:
         self.llm.close()
 
 
-def openvino_version() -> str:
-    from importlib.metadata import version
-
-    return version("openvino-genai")
-
-
 def _ids_tensor(ids: list[int]) -> Any:
     import numpy as np
     import openvino as ov
@@ -150,7 +147,7 @@ class OpenVINOPeer:
     def __init__(self, gguf: Path, threads: int, cache_gb: int = 2, max_batched_tokens: int = 2048) -> None:
         import openvino_genai as og
 
-        self.name = f"OpenVINO GenAI {openvino_version()} (continuous batching, prefix caching)"
+        self.name = "OpenVINO CB"  # the version goes into the results' "versions"
         sc = og.SchedulerConfig()
         sc.enable_prefix_caching = True
         sc.cache_size = cache_gb
@@ -190,7 +187,7 @@ class OpenVINOLLMPeer:
     def __init__(self, gguf: Path, threads: int) -> None:
         import openvino_genai as og
 
-        self.name = f"OpenVINO GenAI {openvino_version()} LLMPipeline"
+        self.name = "OpenVINO LLMPipeline"
         self.pipe = og.LLMPipeline(str(gguf), "CPU", INFERENCE_NUM_THREADS=threads)
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> float:
@@ -249,14 +246,23 @@ def build_peers(
         peer = make()
         startup[peer.name] = time.perf_counter() - t0
         peers.append(peer)
-    return peers, {"skipped": skipped, "startup_s": startup}
+    return peers, {"skipped": skipped, "startup_s": startup, "versions": versions(peers)}
+
+
+def versions(peers: list[Any]) -> dict[str, str]:
+    """The version of each system's package."""
+    from importlib.metadata import version
+
+    dist = {RADIX: "radixrt", "OpenVINO CB": "openvino-genai", "OpenVINO LLMPipeline": "openvino-genai",
+            "llama.cpp": "llama-cpp-python"}  # fmt: skip
+    return {p.name: version(dist[p.name]) for p in peers}
 
 
 def _fresh(rng: random.Random, vocab: int, batch: int, length: int) -> list[list[int]]:
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(batch)]
 
 
-def measure_figure(peer: Any, figure: str, rng: random.Random, vocab: int) -> float | None:
+def measure_figure(peer: Peer, figure: str, rng: random.Random, vocab: int) -> float | None:
     """One value of ``figure`` (tok/s) on ``peer``; None where the peer runs one sequence only."""
     fresh: Callable[[int, int], list[list[int]]] = lambda b, n: _fresh(rng, vocab, b, n)  # noqa: E731
     if figure.startswith("b16") and peer.max_batch < 16:
@@ -283,6 +289,16 @@ def measure_figure(peer: Any, figure: str, rng: random.Random, vocab: int) -> fl
     return value
 
 
+def _busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has been busy since boot (Linux ``/proc/stat``; None elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except OSError:
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def gguf_vocab_size(gguf: Path) -> int:
     """Tokens in the file's vocabulary (the prompts are random ids below it)."""
     from gguf import GGUFReader
@@ -301,15 +317,22 @@ def run_peers(
             measure_figure(p, fig, rng, vocab)
         log(f"warm-up of {p.name}: {time.perf_counter() - t0:.0f} s")
     values: dict[str, dict[str, list[float | None]]] = {p.name: {f: [] for f in FIGURES} for p in peers}
+    others: list[float | None] = []  # cores other processes kept busy during each repeat
     for rep in range(repeats):
         order = peers[rep % len(peers) :] + peers[: rep % len(peers)]
+        busy0, own0, t0 = _busy_cpu_s(), time.process_time(), time.perf_counter()
         for fig in FIGURES:
             for p in order:
                 time.sleep(SETTLE_S)
                 values[p.name][fig].append(measure_figure(p, fig, rng, vocab))
-        log(f"repeat {rep + 1}/{repeats}: " + "; ".join(
+        busy1, own1, wall = _busy_cpu_s(), time.process_time(), time.perf_counter() - t0
+        others.append(
+            None if busy0 is None or busy1 is None else max(0.0, busy1 - busy0 - (own1 - own0)) / wall
+        )
+        log(f"repeat {rep + 1}/{repeats} (other processes: {_fmt_cores(others[-1])} cores): " + "; ".join(
             f"{p.name} " + " ".join(_fmt(values[p.name][f][-1]) for f in FIGURES) for p in peers))  # fmt: skip
-    return {"figures": list(FIGURES), "repeats": repeats, "values": values, "summary": summarize(values)}
+    return {"figures": list(FIGURES), "repeats": repeats, "values": values, "other_cores": others,
+            "summary": summarize(values)}  # fmt: skip
 
 
 def summarize(values: dict[str, dict[str, list[float | None]]]) -> dict[str, Any]:
@@ -330,6 +353,10 @@ def summarize(values: dict[str, dict[str, list[float | None]]]) -> dict[str, Any
             pairs = [a / b for a, b in zip(rx[fig], figs[fig], strict=True) if a is not None and b]
             out["ratios"][name][fig] = statistics.median(pairs) if pairs else None
     return out
+
+
+def _fmt_cores(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f}"
 
 
 def _fmt(x: float | None) -> str:

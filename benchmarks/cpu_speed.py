@@ -15,8 +15,9 @@ written as a Q4_1 GGUF file:
 - a PNG of tok/s vs batch size, one line per system.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - radixrt first (below)
 
+import radixrt  # noqa: F401 - before torch: bounds libgomp's spin-waiting (radixrt/worker/threads.py)
 import argparse
 import json
 import math
@@ -201,9 +202,12 @@ def peer_comparison(ns: argparse.Namespace, gguf: Path) -> dict[str, Any]:
     block = {"machine": info, "gguf": gguf.name, "threads": ns.threads, **started, **result}
     text = peers_table(result)
     load = f"{info['load_avg_at_start'][0]:.1f} -> {info['load_avg_at_end'][0]:.1f}"
+    vers = ", ".join(f"{name} {v}" for name, v in started["versions"].items())
+    others = " / ".join("?" if c is None else f"{c:.2f}" for c in result["other_cores"])
     skipped = "".join(f"\n- {name}: skipped: {why}" for name, why in started["skipped"].items())
     note = (f"`python -m benchmarks.cpu_speed --peers-only`: {gguf.name}, {ns.threads} threads each, "
-            f"{info['date']}, {ns.repeats} interleaved repeats, load average {load} (start -> end). tok/s: "
+            f"{info['date']}, {ns.repeats} interleaved repeats, load average {load} (start -> end), other "
+            f"processes kept {others} cores busy per repeat; versions: {vers}. tok/s: "
             f"median (best repeat); ratios: median of the per-repeat radixrt / peer ratios.")  # fmt: skip
     print(f"\n{text}{skipped}\n")
     if ns.readme:

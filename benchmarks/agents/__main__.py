@@ -1,7 +1,8 @@
 """``python -m benchmarks.agents``: the agent / RAG benchmark suite (see ``benchmarks/agents/__init__.py``)."""
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - radixrt first (below)
 
+import radixrt  # noqa: F401 - before torch: bounds libgomp's spin-waiting (radixrt/worker/threads.py)
 import argparse
 import json
 import os
@@ -149,16 +150,29 @@ def render(data: dict[str, Any], args: argparse.Namespace) -> None:
         for x in (info.get("load_avg_at_start") or [])[:1] + (info.get("load_avg_at_end") or [])[:1]
     ]
     wall = f", {info['suite_wall_s'] / 60:.0f} min for the whole suite" if info.get("suite_wall_s") else ""
-    text = (f"`python -m benchmarks.agents --readme`: {size} size, {info['date']}, {info['cpu_cores']} CPU cores, "
+    a = data["args"]
+    cmd = "python -m benchmarks.agents --readme" + (
+        ""
+        if args.readme_section == "agents"
+        else f" --readme-section {args.readme_section} --workloads {','.join(a['workloads'])} --backends "
+        f"{','.join(a['backends'])} --threads {a['threads']} --min-programs {a['min_programs']}"
+    )
+    text = (f"`{cmd}` (data: {a['data']}): {size} size, {info['date']}, {info['cpu_cores']} CPU cores, "
             f"{info['torch_threads']} compute thread(s) per system, load average {' -> '.join(map(str, load))} "
             f"(start -> end){wall}. Programs/s at parallel {headline} (hf: sequential, parallel 1):\n\n{summary}"
             f"\n\nCPU seconds per program (the system's own processes; outside load inflates wall time, much less "
             f"this):\n\n{cpu}\n\n{goals}\n\n<details><summary>every run</summary>\n\n{details}\n\n</details>\n\n"
             "Systems:\n" + "\n".join(systems) + "\n\nWorkloads:\n"
             + "\n".join(f"- `{name}`: {desc}" for name, desc in data["workloads"].items())
-            + "\n\n![programs/s vs parallelism](results/agents_programs_per_s.png)\n\n"
-            "![hit rate vs optimum](results/agents_hit_rate.png)")  # fmt: skip
+            + _image(args.plot_dir / "agents_programs_per_s.png", "programs/s vs parallelism")
+            + _image(args.plot_dir / "agents_hit_rate.png", "hit rate vs optimum"))  # fmt: skip
     update_readme_section(args.readme_section, text)
+
+
+def _image(path: Path, alt: str) -> str:
+    """A link to a plot written inside benchmarks/ (results/...), none to one written elsewhere."""
+    rel = os.path.relpath(path.resolve(), RESULTS_DIR.parent)
+    return "" if rel.startswith("..") else f"\n\n![{alt}]({rel})"
 
 
 if __name__ == "__main__":
