@@ -54,6 +54,12 @@ SYSTEM = (
 )
 
 
+def run_search(query: str) -> str:
+    """The toy search of ``react_agent.py``; a small model writes entities as identifiers
+    (``highest_mountain_in_africa``), so underscores count as spaces."""
+    return search(query.replace("_", " "))
+
+
 @sgl.function
 def agent(s: Any, question: str, on_step: Any = None) -> str:
     """One episode: up to ``MAX_STEPS`` tool calls, then a forced ``finish``; returns the answer."""
@@ -67,7 +73,7 @@ def agent(s: Any, question: str, on_step: Any = None) -> str:
             on_step()
         if call.name == "finish":
             return str(call.args["answer"])
-        s += sgl.tool(call.id, search(call.args["query"]))
+        s += sgl.tool(call.id, run_search(call.args["query"]))
     raise AssertionError("unreachable: the last step is a forced finish")
 
 
@@ -78,7 +84,7 @@ def trace(state: Any) -> list[str]:
     while f"step{step}" in state:
         for call in state.tool_calls(f"step{step}"):
             arg = next(iter(call.args.values()))
-            result = f" -> {search(arg)}" if call.name == "search" else ""
+            result = f" -> {run_search(arg)}" if call.name == "search" else ""
             lines.append(f"  {call.name}({arg!r}){result}")
         step += 1
     return lines

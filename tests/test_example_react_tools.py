@@ -42,8 +42,9 @@ def test_react_tools_agent(fl_backend: sgl.EngineBackend) -> None:
         assert names[-1] == "finish" and "finish" not in names[:-1]
         assert state.ret_value == calls[-1][0].args["answer"]
         for (call,) in calls[:-1]:  # each search result went back as a tool turn
-            assert f"<tool_response>\n{mod.search(call.args['query'])}\n</tool_response>" in state.text()
+            assert f"<tool_response>\n{mod.run_search(call.args['query'])}\n</tool_response>" in state.text()
         for k in range(1, len(steps)):  # each step's prompt extends the last one's: a cache hit
             before, now = state.get_meta_info(f"step{k - 1}"), state.get_meta_info(f"step{k}")
             assert now["cached_tokens"] >= before["prompt_tokens"]
         assert mod.trace(state)[-1].startswith("  finish(")
+    assert "highest mountain" in mod.run_search("highest_mountain_in_africa")
