@@ -123,3 +123,14 @@ def test_mooncake_backend_moves_the_rows_over_tcp() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_advertised_ip() -> None:
+    """A wildcard bind advertises a concrete address of this machine (peers cannot dial 0.0.0.0)."""
+    import ipaddress
+
+    from radixrt.disaggregation.channel import advertised_ip
+
+    assert advertised_ip("127.0.0.1") == "127.0.0.1"
+    ip = ipaddress.ip_address(advertised_ip("0.0.0.0"))
+    assert not ip.is_unspecified

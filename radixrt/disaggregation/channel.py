@@ -13,10 +13,17 @@ SEND_HWM = 10_000
 
 
 def advertised_ip(host: str) -> str:
-    """The address peers reach this machine at: ``host`` itself unless it is a wildcard."""
-    if host in ("0.0.0.0", "::", ""):
-        return socket.gethostbyname(socket.gethostname())
-    return host
+    """The address peers reach this machine at: ``host`` itself unless it is a wildcard, else the address of
+    the interface that routes outward (a UDP ``connect`` sends nothing), else the host name's address
+    (which some distributions map to 127.0.1.1: then bind ``--host`` to the address explicitly)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
 
 
 class Channel:
