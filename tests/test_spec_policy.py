@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from radixrt import Engine
+from radixrt.config.server_args import ServerArgs
 from radixrt.speculative.policy import EMA_WEIGHT, PRIOR_ACCEPT, RECOVER_STEPS, SpecPolicy
 from radixrt.speculative.suffix_worker import SuffixSpeculator
 from radixrt.speculative.worker import DecodeTarget, NgramSpeculator, Speculator
@@ -128,3 +129,18 @@ def test_many_concurrent_requests_decode_plainly_above_the_batch_limit(
     assert (
         info["spec_verify_steps"] == sum(did for _, did in steps) > 0
     )  # the tail of each round still drafts
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("speculative_max_batch_size", -1),
+        ("speculative_verify_cost", 0.5),
+        ("speculative_suffix_max_depth", 1),
+        ("speculative_suffix_min_prob", 1.5),
+        ("speculative_suffix_cache_tokens", 0),
+    ],
+)
+def test_flags_out_of_range_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        ServerArgs(speculative_algorithm="SUFFIX", **{field: value})

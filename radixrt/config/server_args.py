@@ -12,6 +12,7 @@ from typing import Any
 
 from radixrt.config import flags
 from radixrt.config.flags import FlagSpec, arg
+from radixrt.config.speculative_args import check_speculative
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 EVICTION_POLICIES = ("lru", "lfu", "priority")
@@ -495,33 +496,7 @@ class ServerArgs:
             raise ValueError(f"graceful_shutdown_timeout: must be >= 0, got {self.graceful_shutdown_timeout}")
         if not self.log_interval >= 0:
             raise ValueError(f"log_interval: must be >= 0 seconds (0: off), got {self.log_interval}")
-        if self.speculative_num_draft_tokens < 1:
-            raise ValueError(
-                f"speculative_num_draft_tokens: must be >= 1, got {self.speculative_num_draft_tokens}"
-            )
-        if self.speculative_ngram_max_match_window_size < 1:
-            raise ValueError(
-                "speculative_ngram_max_match_window_size: must be >= 1, "
-                f"got {self.speculative_ngram_max_match_window_size}"
-            )
-        if self.speculative_max_batch_size < 0:
-            raise ValueError(
-                f"speculative_max_batch_size: must be >= 0, got {self.speculative_max_batch_size}"
-            )
-        if not self.speculative_verify_cost >= 1.0:
-            raise ValueError(f"speculative_verify_cost: must be >= 1, got {self.speculative_verify_cost}")
-        if self.speculative_suffix_max_depth < 2:
-            raise ValueError(
-                f"speculative_suffix_max_depth: must be >= 2, got {self.speculative_suffix_max_depth}"
-            )
-        if not 0.0 <= self.speculative_suffix_min_prob <= 1.0:
-            raise ValueError(
-                f"speculative_suffix_min_prob: must be in [0, 1], got {self.speculative_suffix_min_prob}"
-            )
-        if self.speculative_suffix_cache_tokens < 1:
-            raise ValueError(
-                f"speculative_suffix_cache_tokens: must be >= 1, got {self.speculative_suffix_cache_tokens}"
-            )
+        check_speculative(self)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
