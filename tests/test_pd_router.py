@@ -82,6 +82,16 @@ def test_generate_equals_one_server(router: PDRouter, pair: PDPair, server: Serv
     assert after["pd_received_transfers"] - before["pd_received_transfers"] == len(PROMPTS)
 
 
+def test_logprobs_equal_one_server(router: PDRouter, pair: PDPair, server: ServerProcess) -> None:
+    """The first token's logprob comes from the prefill server, the rest from the decode server."""
+    body = {"text": PROMPTS[0] + " twice", "sampling_params": GREEDY, "return_logprob": True}
+    out, ref = generate(router.url, body), generate(server.url, body)
+    got, want = out["meta_info"]["output_token_logprobs"], ref["meta_info"]["output_token_logprobs"]
+    assert [t[1] for t in got] == [t[1] for t in want] == out["output_ids"]
+    assert all(abs(a[0] - b[0]) < 1e-3 for a, b in zip(got, want, strict=True))
+    check_idle(pair)
+
+
 def test_stream_equals_one_server(router: PDRouter, pair: PDPair, server: ServerProcess) -> None:
     body = {"text": PROMPTS[1] + " again", "sampling_params": GREEDY, "stream": True}
     chunks = []

@@ -337,6 +337,8 @@ class Scheduler:
                 continue
             take = min(extend, budget, caps[req.tenant] if caps is not None else budget)
             reserve = min(req.params.max_new_tokens, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+            if req.bootstrap_room is not None and self.args.disaggregation_mode == "prefill":
+                reserve = 1  # a prefill server samples one token; the decode server generates the rest
             need = self.kv.pages_needed(req, take) + (reserve if take == extend else 0)
             if need > headroom and (batch or self.running):
                 self.kv.release(req)
