@@ -39,21 +39,21 @@ class SuffixTrie:
         self._grown = 0  # tokens of the growing sequence added
 
     # -- building ------------------------------------------------------------------------------------------
-    def _child(self, node: _Node, tok: int) -> _Node:
-        if node.children is None:
-            node.children = {}
-        child = node.children.get(tok)
-        if child is None:
-            child = node.children[tok] = _Node()
-            self.nodes += 1
-        child.count += 1
-        return child
-
     def _feed(self, open_paths: list[_Node], tok: int) -> list[_Node]:
         """Add the occurrences that end at ``tok``: one per open path (and a new one from the root)."""
-        paths = [self._child(self.root, tok)]
-        for node in open_paths[: self.depth - 1]:
-            paths.append(self._child(node, tok))
+        paths: list[_Node] = []
+        created = 0
+        for node in [self.root, *open_paths[: self.depth - 1]]:  # _child inlined: the hot loop
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(tok)
+            if child is None:
+                child = children[tok] = _Node()
+                created += 1
+            child.count += 1
+            paths.append(child)
+        self.nodes += created
         return paths
 
     def add(self, seq: Sequence[int]) -> None:
