@@ -7,11 +7,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from radixrt.disaggregation.backends import build_backend
 from radixrt.disaggregation.bootstrap import BootstrapServer
 from radixrt.disaggregation.channel import Channel
 from radixrt.disaggregation.messages import KVDone, KVRequest
 from radixrt.disaggregation.stats import PDStats
-from radixrt.disaggregation.transfer import TransferBackend, build_backend
+from radixrt.disaggregation.transfer import TransferBackend
 from radixrt.worker.req import Req
 
 if TYPE_CHECKING:

@@ -102,14 +102,3 @@ class FakeBackend(TransferBackend):
         flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(pool.dtype)
         both = flat.reshape(2, pool.num_layers, n, pool.num_kv_heads, pool.head_dim)
         pool.write_slots(torch.tensor(dst_slots, dtype=torch.int64), both[0], both[1])
-
-
-def build_backend(name: str, pool: KVPool, host: str, ib_device: str | None) -> TransferBackend:
-    """The ``--disaggregation-transfer-backend`` for ``pool``."""
-    if name == "fake":
-        return FakeBackend(pool)
-    if name == "mooncake":
-        from radixrt.disaggregation.mooncake import MooncakeBackend
-
-        return MooncakeBackend(pool, host, ib_device)
-    raise ValueError(f"disaggregation_transfer_backend: unknown backend {name!r}")
