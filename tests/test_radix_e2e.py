@@ -127,3 +127,13 @@ def test_policies_same_outputs(tiny_llama: Path, policy: str, engine_factory) ->
     outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
     for ids, out in zip(prompts, outs, strict=True):
         assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+
+
+def test_a_chunked_prompt_streams_no_empty_events(tiny_llama: Path, engine_factory) -> None:
+    """A prompt prefilled in several chunks: the stream's first event carries the first token (no event
+    per prefill chunk), one event per token, as an unchunked prompt."""
+    eng = engine_factory(tiny_llama, chunked_prefill_size=64)
+    ids = prompts_of([200], seed=22)[0]
+    events = list(eng.generate(input_ids=ids, sampling_params=GREEDY, stream=True))
+    assert [len(e["output_ids"]) for e in events] == list(range(1, GREEDY["max_new_tokens"] + 1))
+    assert events[-1]["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])

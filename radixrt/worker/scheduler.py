@@ -430,7 +430,9 @@ class Scheduler:
                     self.kv.cache_unfinished(req)
                     (self.jumped if req.jumped else self.running).append(req)
             self.out.finish([r for r in done if r.finish_reason is not None])
-        self.out.emit(batch)
+        # a request between prefill chunks has nothing to say unless it streams prompt logprobs: a streamed
+        # client's first event stays its first token
+        self.out.emit([r for r in batch if r is not self.chunked or r.return_logprob])
 
     def _run_decode(self) -> None:
         if self.args.speculative_algorithm is not None and self._run_speculative():
