@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from radixrt.config import flags
+from radixrt.config.checks import check_server_args
 from radixrt.config.flags import FlagSpec, arg
-from radixrt.config.speculative_args import check_speculative
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 EVICTION_POLICIES = ("lru", "lfu", "priority")
@@ -23,7 +23,6 @@ QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")
 DTYPES = ("auto", "float32", "fp32", "float", "bfloat16", "bf16", "float16", "fp16", "half")
 ATTENTION_BACKENDS = ("auto", "torch_native", "flashinfer", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")
-DEVICES = ("auto", "cpu", "cuda")
 HICACHE_WRITE_POLICIES = ("auto", "write_back", "write_through")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")  # sglang-router 0.3.2's --policy
 CACHE_REPORT_GRANULARITIES = ("exact", "page", "none")
@@ -416,87 +415,8 @@ class ServerArgs:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad setting."""
-        for f in fields(self):
-            choices, value = f.metadata.get("choices"), getattr(self, f.name)
-            if choices is not None and value is not None and value not in choices:
-                raise ValueError(f"{f.name}: {value!r} not in {choices}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
-        if not 0 <= self.max_pinned_ratio < 1:
-            raise ValueError(f"max_pinned_ratio: must be in [0, 1), got {self.max_pinned_ratio}")
-        if self.hicache_ratio < 0 or self.hicache_size < 0 or self.hicache_storage_size <= 0:
-            raise ValueError("hicache_ratio and hicache_size must be >= 0, hicache_storage_size > 0")
-        if self.enable_hierarchical_cache and self.disable_radix_cache:
-            raise ValueError("enable_hierarchical_cache: needs the radix cache (drop --disable-radix-cache)")
-        if self.hicache_storage_dir is not None and not self.enable_hierarchical_cache:
-            raise ValueError("hicache_storage_dir: needs --enable-hierarchical-cache")
-        if self.strip_thinking_cache and self.reasoning_parser is None:
-            raise ValueError("strip_thinking_cache: needs --reasoning-parser (which outputs reason)")
-        if not self.grammar_compile_timeout > 0:
-            raise ValueError(
-                f"grammar_compile_timeout: must be > 0 seconds, got {self.grammar_compile_timeout}"
-            )
-        if not self.grammar_cache_size_mb >= 0:
-            raise ValueError(f"grammar_cache_size_mb: must be >= 0, got {self.grammar_cache_size_mb}")
-        if self.responses_store_max_items < 1 or self.responses_store_ttl_s <= 0:
-            raise ValueError("responses_store_max_items: must be >= 1, and responses_store_ttl_s > 0")
-        for name in ("max_grammar_bytes", "grammar_compile_threads", "max_grammar_compiles_per_client"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.max_queued_requests < 0:
-            raise ValueError(
-                f"max_queued_requests: must be >= 0 (0: unbounded), got {self.max_queued_requests}"
-            )
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
-        if self.pd and (self.disaggregation_mode != "null" or self.dp_size > 1):
-            raise ValueError("pd: starts both modes itself; drop --disaggregation-mode and --dp-size")
-        if self.disaggregation_mode != "null" and self.tp_size > 1:
-            raise ValueError("disaggregation_mode: not supported with --tp-size > 1 (one KV pool per server)")
-        if not 0 < self.disaggregation_bootstrap_port < 65536 or not self.disaggregation_timeout > 0:
-            raise ValueError("disaggregation_bootstrap_port: must be a port, and disaggregation_timeout > 0")
-        if self.request_timeout is not None and not self.request_timeout > 0:
-            raise ValueError(f"request_timeout: must be > 0 seconds, got {self.request_timeout}")
-        if self.max_running_requests < 1:
-            raise ValueError(f"max_running_requests: must be >= 1, got {self.max_running_requests}")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise ValueError(
-                f"chunked_prefill_size: must be > 0 or -1 (off), got {self.chunked_prefill_size}"
-            )
-        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
-            raise ValueError(f"max_total_tokens: {self.max_total_tokens} is too small")
-        if self.compile_max_bs < 1:
-            raise ValueError(f"compile_max_bs: must be >= 1, got {self.compile_max_bs}")
-        if self.dense_gemm_min_tokens < 0:
-            raise ValueError(
-                f"dense_gemm_min_tokens: must be >= 0 (0: off), got {self.dense_gemm_min_tokens}"
-            )
-        if self.device not in DEVICES and not self.device.startswith("cuda:"):
-            raise ValueError(f"device: {self.device!r} not in {DEVICES} (or cuda:N)")
-        if self.tp_size < 1:
-            raise ValueError(f"tp_size: must be >= 1, got {self.tp_size}")
-        if self.nnodes < 1 or self.tp_size % self.nnodes:
-            raise ValueError(f"nnodes: {self.nnodes} must be >= 1 and divide tp_size {self.tp_size}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank: {self.node_rank} not in [0, nnodes={self.nnodes})")
-        if self.cuda_graph_max_bs < 1:
-            raise ValueError(f"cuda_graph_max_bs: must be >= 1, got {self.cuda_graph_max_bs}")
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
-            raise ValueError(f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}")
-        if self.max_request_bytes < 1024:
-            raise ValueError(f"max_request_bytes: must be >= 1024, got {self.max_request_bytes}")
-        if self.dp_size < 1:
-            raise ValueError(f"dp_size: must be >= 1, got {self.dp_size}")
-        if self.max_worker_restarts < 0:
-            raise ValueError(f"max_worker_restarts: must be >= 0, got {self.max_worker_restarts}")
-        if self.worker_restart_window <= 0:
-            raise ValueError(f"worker_restart_window: must be > 0, got {self.worker_restart_window}")
-        if self.graceful_shutdown_timeout < 0:
-            raise ValueError(f"graceful_shutdown_timeout: must be >= 0, got {self.graceful_shutdown_timeout}")
-        if not self.log_interval >= 0:
-            raise ValueError(f"log_interval: must be >= 0 seconds (0: off), got {self.log_interval}")
-        check_speculative(self)
+        """Raise ValueError naming the first bad setting (`radixrt.config.checks`)."""
+        check_server_args(self)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
