@@ -1,16 +1,24 @@
-"""N-gram speculative decoding on the ReAct trace replay: acceptance length and speed-up at batch 1 and 8.
+"""Speculative decoding on the ReAct trace replay: off vs NGRAM vs SUFFIX (cold and warm), batch 1 and 8.
 
-``python -m benchmarks.spec_react [--readme]``: SGLang's ReAct benchmark shape on the embedded model. For
-each question of ``--data`` (HotpotQA traces; synthetic ones of the same shape without it): a few-shot
-header (the first traces, in full), then per recorded step the model writes its thought and action
-(greedy, stop at "Observation"), and the recorded observation is appended, as the benchmark does. Run once with ``--speculative-algorithm NGRAM`` and once
-without, same prompts; greedy outputs must be identical (checked).
+``python -m benchmarks.spec_react --data TRACES [--readme]``: SGLang's ReAct benchmark shape on the embedded
+model. For each question of ``--data`` (HotpotQA traces; synthetic ones of the same shape without it): a
+few-shot header (the first traces, in full), then per recorded step the model writes its thought and
+action (greedy, stop at "Observation"), and the recorded observation is appended, as the benchmark does.
+
+One engine per mode (off, NGRAM, SUFFIX), all loaded at once; each repeat runs, per batch size, the
+replay twice per mode, interleaving the modes: the first pass is *cold* (SUFFIX's global index emptied
+before it), the second *warm* (the same programs served again: SUFFIX drafts from the first pass's
+outputs; the RadixCache is warm in both passes for every mode, the header having been served before).
+Greedy outputs must be identical across modes (checked). The machine's load average is recorded around
+every run, since a shared machine's noise is of the size of the effects.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +74,34 @@ def replay(eng: Engine, head: str, questions: list[tuple[str, list[dict[str, str
     return time.perf_counter() - t0, tokens, texts
 
 
+MODES = ("off", "NGRAM", "SUFFIX")
+
+
+def engine_for(mode: str, ns: argparse.Namespace) -> Engine:
+    kw: dict[str, Any] = {"max_total_tokens": 24_000, "dtype": ns.dtype}  # three engines share the RAM
+    if mode != "off":
+        kw |= {"speculative_algorithm": mode, "speculative_num_draft_tokens": ns.draft_tokens}
+    return Engine(**kw)
+
+
+def forget_suffix_index(eng: Engine) -> None:
+    """Empty SUFFIX's global index (the worker rebuilds its speculator at the next decode)."""
+    eng.worker.call(lambda s: setattr(s, "_spec", None))
+
+
+def run_once(eng: Engine, head: str, questions: list[tuple[str, list[dict[str, str]]]], batch: int,
+             ns: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    before, load0 = eng.get_server_info(), os.getloadavg()[0]
+    secs, toks, texts = replay(eng, head, questions, batch, ns.steps, ns.new_tokens)
+    info = eng.get_server_info()
+    delta = {k: info.get(k, 0) - before.get(k, 0) for k in ("spec_verify_reqs", "spec_accepted_tokens",
+             "spec_draft_tokens", "spec_verify_steps", "spec_skipped_batch_steps", "spec_skipped_cost_steps")}  # fmt: skip
+    reqs = delta["spec_verify_reqs"]
+    return {"seconds": secs, "tokens": toks, "tok_s": toks / secs, "load": [load0, os.getloadavg()[0]],
+            "accept_length": 1 + delta["spec_accepted_tokens"] / reqs if reqs else None,
+            "index_tokens": info.get("spec_index_tokens"), **delta}, texts  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data", type=Path, default=None, help=DATA_HELP)
@@ -74,43 +110,59 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--draft-tokens", type=int, default=4)
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--readme", action="store_true")
     ns = p.parse_args()
     traces = load_traces(traces_file(ns.data), ns.shots + ns.questions)
     head, questions = header(traces[: ns.shots]), traces[ns.shots :]
-    results: dict[str, Any] = {}
-    outputs: dict[str, list[str]] = {}
-    for spec in tqdm((False, True), desc="speculative off/on"):
-        kw: dict[str, Any] = {"max_total_tokens": 60_000, "dtype": ns.dtype}
-        if spec:
-            kw |= {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": ns.draft_tokens}
-        with Engine(**kw) as eng:
-            replay(eng, head, questions[:1], 1, 1, 8)  # warm the header into the cache
-            for batch in (1, 8):
-                before = eng.get_server_info()
-                secs, toks, texts = replay(eng, head, questions, batch, ns.steps, ns.new_tokens)
-                info = eng.get_server_info()
-                key = f"{'on' if spec else 'off'}-b{batch}"
-                steps = info.get("spec_verify_reqs", 0) - before.get("spec_verify_reqs", 0)
-                acc = info.get("spec_accepted_tokens", 0) - before.get("spec_accepted_tokens", 0)
-                results[key] = {"seconds": secs, "tokens": toks, "tok_s": toks / secs,
-                                "accept_length": 1 + acc / steps if steps else None}  # fmt: skip
-                outputs[key] = texts
-    same = [
-        sum(a == b for a, b in zip(outputs[f"on-b{k}"], outputs[f"off-b{k}"], strict=True)) for k in (1, 8)
-    ]
-    identical = f"{sum(same)}/{2 * len(outputs['on-b1'])} generations"
+    batches = [int(b) for b in ns.batches.split(",")]
+    engines = {m: engine_for(m, ns) for m in tqdm(MODES, desc="loading engines")}
+    runs: list[dict[str, Any]] = []
+    outputs: dict[tuple[str, int, str], list[str]] = {}
+    try:
+        for eng in engines.values():
+            replay(eng, head, questions[:1], 1, 1, 8)  # the header into the cache, compile warm-up
+        for rep in tqdm(range(ns.repeats), desc="repeats"):
+            for batch in batches:
+                for mode in MODES:
+                    if mode == "SUFFIX":
+                        forget_suffix_index(engines[mode])
+                for pass_ in ("cold", "warm"):
+                    for mode in MODES:
+                        r, texts = run_once(engines[mode], head, questions, batch, ns)
+                        runs.append({"repeat": rep, "batch": batch, "pass": pass_, "mode": mode, **r})
+                        outputs[(pass_, batch, mode)] = texts
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+    same = {m: sum(a == b for k, texts in outputs.items() if k[2] == m
+                   for a, b in zip(texts, outputs[(k[0], k[1], "off")], strict=True)) for m in MODES[1:]}  # fmt: skip
+    total = sum(len(t) for k, t in outputs.items() if k[2] == "off")
+    identical = ", ".join(f"{m} {n}/{total}" for m, n in same.items())
     rows = []
-    for b in (1, 8):
-        off, on = results[f"off-b{b}"], results[f"on-b{b}"]
-        rows.append([str(b), f"{off['tok_s']:.1f}", f"{on['tok_s']:.1f}", f"{off['seconds'] / on['seconds']:.2f}x",
-                     f"{on['accept_length']:.2f}" if on["accept_length"] else ""])  # fmt: skip
-    table = format_table(["batch", "tok/s spec off", "tok/s spec on", "speed-up", "accept length"], rows)
-    note = (f"{len(questions)} questions x {ns.steps} steps, {ns.shots}-shot header, greedy, "
-            f"{ns.draft_tokens} draft tokens; outputs identical on/off: {identical}")  # fmt: skip
-    write_json(RESULTS_DIR / "spec_react.json", {"machine": machine_info(0), "results": results,
-                                                  "identical": identical, "args": vars(ns) | {"data": data_label(ns.data)}})  # fmt: skip
+    for batch in batches:
+        for pass_ in ("cold", "warm"):
+            sel = {
+                m: [r for r in runs if r["batch"] == batch and r["pass"] == pass_ and r["mode"] == m]
+                for m in MODES
+            }
+            secs = {m: statistics.median(r["seconds"] for r in rs) for m, rs in sel.items()}
+            tok_s = {m: statistics.median(r["tok_s"] for r in rs) for m, rs in sel.items()}
+            acc = {m: [r["accept_length"] for r in rs if r["accept_length"]] for m, rs in sel.items()}
+            loads = [x for rs in sel.values() for r in rs for x in r["load"]]
+            rows.append([str(batch), pass_, f"{tok_s['off']:.1f}"]
+                        + [f"{tok_s[m]:.1f} ({secs['off'] / secs[m]:.2f}x, "
+                           f"{statistics.median(acc[m]) if acc[m] else 0:.2f})" for m in MODES[1:]]
+                        + [f"{min(loads):.1f}-{max(loads):.1f}"])  # fmt: skip
+    table = format_table(["batch", "pass", "tok/s off", "NGRAM tok/s (speed-up, accept)",
+                          "SUFFIX tok/s (speed-up, accept)", "load avg"], rows)  # fmt: skip
+    note = (f"{len(questions)} questions x {ns.steps} steps, {ns.shots}-shot header, greedy, {ns.new_tokens} new "
+            f"tokens at most, {ns.draft_tokens} draft tokens, {ns.repeats} repeat(s), medians; modes interleaved "
+            f"per pass; outputs identical to off: {identical}")  # fmt: skip
+    write_json(RESULTS_DIR / "spec_react.json", {"machine": machine_info(0), "runs": runs, "identical": identical,
+                                                  "args": vars(ns) | {"data": data_label(ns.data)}})  # fmt: skip
     print(table + "\n\n" + note)
     if ns.readme:
         update_readme_section("spec_react", table + "\n\n" + note)
