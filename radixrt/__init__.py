@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from radixrt.worker.threads import bound_openmp_spinning
-
-bound_openmp_spinning()  # before anything loads torch (libgomp reads it once)
-
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
-"""radixrt bounds libgomp's spin-waiting (GOMP_SPINCOUNT) when it is imported before torch, keeps a
-user's setting, and warns when torch loaded first (the bound cannot apply then)."""
+"""libgomp's spin-waiting: radixrt keeps the default (faster on a machine of its own) and advises
+GOMP_SPINCOUNT when the machine is oversubscribed at start; a user's setting is never overridden."""
 
 from __future__ import annotations
 
@@ -7,43 +7,32 @@ import os
 import subprocess
 import sys
 
-from radixrt.worker.threads import OPENMP_SPIN_COUNT
-
-PROBE = """
-import logging, os, sys
-logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-if sys.argv[1] == "torch-first":
-    import torch
-import radixrt
-from radixrt.worker.threads import set_worker_threads
-set_worker_threads(reserve_one=False)
-print("GOMP_SPINCOUNT=" + os.environ.get("GOMP_SPINCOUNT", "unset"))
-"""
+from radixrt.worker.threads import SHARED_MACHINE_SPIN_COUNT, spin_advice
 
 
-def _probe(order: str, **env: str) -> str:
+def test_advice_only_when_oversubscribed_and_unset() -> None:
+    advice = spin_advice(5.0, 2, {})
+    assert advice is not None and f"GOMP_SPINCOUNT={SHARED_MACHINE_SPIN_COUNT}" in advice
+    assert "load average 5.0 on 2 cores" in advice
+    assert spin_advice(1.5, 2, {}) is None
+    assert spin_advice(2.0, 2, {}) is None
+    assert spin_advice(5.0, 2, {"GOMP_SPINCOUNT": "300000"}) is None
+    assert spin_advice(5.0, 2, {"OMP_WAIT_POLICY": "PASSIVE"}) is None
+
+
+def test_importing_radixrt_leaves_the_environment_alone() -> None:
+    probe = "import os, radixrt; print(os.environ.get('GOMP_SPINCOUNT', 'unset'))"
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, order], env=clean | env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", probe], env=clean, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def test_radixrt_first_bounds_spinning_without_warning() -> None:
-    out = _probe("radixrt-first")
-    assert f"GOMP_SPINCOUNT={OPENMP_SPIN_COUNT}" in out
-    assert "imported before radixrt" not in out
-
-
-def test_user_setting_is_kept() -> None:
-    assert "GOMP_SPINCOUNT=50" in _probe("radixrt-first", GOMP_SPINCOUNT="50")
-    out = _probe("torch-first", OMP_WAIT_POLICY="ACTIVE")
-    assert "GOMP_SPINCOUNT=unset" in out
-    assert "imported before radixrt" not in out
-
-
-def test_torch_first_warns() -> None:
-    out = _probe("torch-first")
-    assert "torch was imported before radixrt" in out
-    assert f"GOMP_SPINCOUNT={OPENMP_SPIN_COUNT}" in out  # still inherited by worker processes
+    assert out.stdout.strip() == "unset"
+    kept = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=clean | {"GOMP_SPINCOUNT": "50"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert kept.stdout.strip() == "50"

@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 logger = logging.getLogger(__name__)
 
 # libgomp's spin-wait iterations before a thread waiting at a barrier (or for work) sleeps. Its default,
-# 300,000 (~10 ms of `pause` on current x86), makes a 2-thread team collapse on a shared machine: while
-# one thread is descheduled, the other spins its whole time slice away at every parallel region, and a
-# decode step of ~200 small regions took 10 s instead of 50 ms (2 cores, load ~17; 1,000: 48-84 ms;
-# 10,000: ~1 s; 0, i.e. OMP_WAIT_POLICY=PASSIVE: 150-290 ms). 1,000 (tens of microseconds) still spans
-# the gaps between the regions of one step on a quiet machine. libgomp reads it once, when it loads.
-OPENMP_SPIN_COUNT = 1000
-_spin_bound_late = False  # the bound was set after torch (and libgomp) had loaded: it does not apply
+# 300,000 (~10 ms of `pause`), is right on a machine whose cores the server has to itself: a quiet 2-core
+# machine decoded 2x faster with it than with 1,000. When other processes keep the cores busy, a 2-thread
+# team collapses with it instead (one thread spins its time slice away at every parallel region while its
+# partner is descheduled: a decode step of ~200 regions took 10 s instead of 50 ms at load ~17, with 1,000:
+# 48-84 ms). radixrt leaves the default and names the bound in a warning when the machine is oversubscribed
+# at start (docs/cpu.md); libgomp reads the variable once, when torch loads, so it must be set beforehand.
+SHARED_MACHINE_SPIN_COUNT = 1000
 
 
-def bound_openmp_spinning() -> None:
-    """Set ``GOMP_SPINCOUNT`` to `OPENMP_SPIN_COUNT` unless ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` is
-    set. Runs when ``radixrt`` is imported, so it applies when that comes before ``import torch`` (every
-    radixrt process, and a program that imports radixrt first); worker processes inherit it."""
-    global _spin_bound_late
-    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
-        return
-    os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
-    _spin_bound_late = "torch" in sys.modules
+def spin_advice(load_1min: float, cores: int, env: dict[str, str]) -> str | None:
+    """The warning to log when the machine's run queue (``load_1min``) exceeds its ``cores`` and neither
+    ``GOMP_SPINCOUNT`` nor ``OMP_WAIT_POLICY`` is set in ``env``; None otherwise."""
+    if "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env or load_1min <= cores:
+        return None
+    return (
+        f"load average {load_1min:.1f} on {cores} cores: OpenMP threads spinning at barriers (libgomp's "
+        f"default GOMP_SPINCOUNT=300000) can slow decode many-fold while other processes share the cores; "
+        f"on a shared machine start radixrt with GOMP_SPINCOUNT={SHARED_MACHINE_SPIN_COUNT} (docs/cpu.md)"
+    )
 
 
 def compute_threads(reserve_one: bool) -> int:
@@ -47,12 +47,8 @@ def set_worker_threads(reserve_one: bool) -> int:
     """Apply `compute_threads` to torch (call it on the thread that will run the model)."""
     import torch
 
-    if _spin_bound_late:
-        logger.warning(
-            "torch was imported before radixrt: its OpenMP threads spin up to 300,000 iterations at each "
-            "barrier, which slows decode many-fold when other processes share the cores; import radixrt "
-            "first or set GOMP_SPINCOUNT=%d (docs/cpu.md)",
-            OPENMP_SPIN_COUNT,
-        )
+    advice = spin_advice(os.getloadavg()[0], os.cpu_count() or 1, dict(os.environ))
+    if advice is not None:
+        logger.warning(advice)
     torch.set_num_threads(compute_threads(reserve_one))
     return torch.get_num_threads()
