@@ -178,6 +178,14 @@ class OutputProcessor:
             self.kv.release(req)
             self.stats.on_finish(req)
 
+    def end_with_abort(self, req: Req, message: str, status_code: int | None = None) -> None:
+        """End ``req`` now with an abort carrying ``message`` (and an HTTP status), release it, report it."""
+        req.finish_reason = {"type": "abort", "message": message}
+        if status_code is not None:
+            req.finish_reason["status_code"] = status_code
+        self.finish([req])
+        self.emit([req])
+
     def emit(self, reqs: list[Req]) -> None:
         """Send every request's new tokens (and logprobs, cache and pin facts) as one BatchTokenOut."""
         outs = []

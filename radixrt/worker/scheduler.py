@@ -32,6 +32,7 @@ from radixrt.transport.protocol import (
     WorkerOutput,
 )
 from radixrt.worker.arrival import RequestTimeouts, refusal
+from radixrt.worker.decode_step import decode_forward
 from radixrt.worker.grammar_queue import GrammarQueue
 from radixrt.worker.interval_log import IntervalLog, LoadCounters, read_load
 from radixrt.worker.kv_manager import KVManager, build_tree
@@ -354,14 +355,8 @@ class Scheduler:
                 if not batch and not self.running and not self.jumped:  # nothing else holds memory
                     self.waiting.remove(req)
                     total, pinned = self.kv.allocator.total_slots, self.tree.pins.pinned_size()
-                    req.finish_reason = {
-                        "type": "abort",
-                        "message": f"out of KV memory: the prompt ({len(req.fill_ids)} tokens) does not fit "
-                        f"the KV pool ({total} tokens, {pinned} of them pinned)",
-                        "status_code": 400,
-                    }
-                    self.stats.on_finish(req)
-                    self.out.emit([req])
+                    fit = f"the prompt ({len(req.fill_ids)} tokens) does not fit the KV pool ({total} tokens"
+                    self.out.end_with_abort(req, f"out of KV memory: {fit}, {pinned} of them pinned)", 400)
                 break
             headroom -= need
             if req.retractions == 0 and not req.output_ids:
@@ -443,26 +438,7 @@ class Scheduler:
             return
         ok = self.kv.alloc_decode(reqs)
         assert ok, "decode slot allocation failed after retraction"
-        kv_lens = [r.kv_len for r in reqs]
-        fi = ForwardInput(
-            ForwardMode.DECODE,
-            [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
-            kv_lens,
-            [1] * len(reqs),
-            [r.output_ids[-1] for r in reqs],
-            torch.tensor(kv_lens, dtype=torch.int64),
-        )
-        if all(r.plain_greedy for r in reqs):
-            # Argmax inside the compiled step: no logits leave it, no sampling metadata is built.
-            next_ids = self.runner.forward_greedy(fi)
-            for req in reqs:
-                req.kv_len += 1
-            self.out.append_tokens(reqs, next_ids)
-        else:
-            hidden = self.runner.forward(fi)
-            for req in reqs:
-                req.kv_len += 1
-            self.out.sample_and_append(reqs, self.runner.logits(hidden))
+        decode_forward(self.runner, self.out, reqs)
         self._settle_decode(reqs)
 
     def _settle_decode(self, reqs: list[Req]) -> None:
@@ -497,13 +473,7 @@ class Scheduler:
             if len(self.running) == 1:  # even alone it does not fit: pins yield, else the pool is too small
                 if self.kv.yield_pins(self.running[0], self.running[0].kv_len + 1):
                     continue
-                req = self.running.pop()
-                req.finish_reason = {
-                    "type": "abort",
-                    "message": "out of KV memory: sequence exceeds the KV pool",
-                }
-                self.out.finish([req])
-                self.out.emit([req])
+                self.out.end_with_abort(self.running.pop(), "out of KV memory: sequence exceeds the KV pool")
                 return
             victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
             self._retract(victim)
