@@ -344,6 +344,7 @@ def main() -> None:
     args = ap.parse_args()
     model = bench_checkpoint("tiny", context=8192)
     chats = tasks(args.agents, args.seed, (args.calls[0], args.calls[1]))
+    info = machine_info(args.threads)
     flags = ["--disable-compile", "--max-total-tokens", "65536"]
     loops: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -366,7 +367,6 @@ def main() -> None:
     on, off = loops["radix_on"], loops["radix_off"]
     workload = {k: getattr(args, k) for k in ("validity_requests", "call_max_tokens", "agents", "calls",
                                               "concurrency", "result_words", "max_tokens", "seed")}  # fmt: skip
-    info = machine_info(args.threads)
     info["load_avg_at_end"] = list(os.getloadavg())
     write_json(args.output, {"machine": info, "workload": workload, "validity": valid, "loop": loops,
                              "speedup": round(on["programs_per_s"] / off["programs_per_s"], 3)})  # fmt: skip
