@@ -58,7 +58,7 @@ def test_config_v4_and_v5_spellings_agree() -> None:
 def test_unknown_architecture_lists_supported() -> None:
     with pytest.raises(ValueError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
         ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
-    with pytest.raises(ValueError, match="rope_type"):
+    with pytest.raises(ValueError, match="rope_type .yarn. is not supported"):
         ModelConfig.from_dict(
             {
                 "architectures": ["LlamaForCausalLM"],
@@ -67,7 +67,7 @@ def test_unknown_architecture_lists_supported() -> None:
                 "intermediate_size": 8,
                 "num_hidden_layers": 1,
                 "num_attention_heads": 1,
-                "rope_scaling": {"rope_type": "longrope", "factor": 2.0},
+                "rope_scaling": {"rope_type": "yarn", "factor": 2.0},
             }
         )
 
