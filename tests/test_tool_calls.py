@@ -165,7 +165,9 @@ def test_tool_loop_hits_the_cache(client: openai.OpenAI) -> None:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"ok": turn})})
     final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none",
                                            max_tokens=8, temperature=0)  # fmt: skip
-    assert final.choices[0].message.tool_calls is None and final.choices[0].finish_reason == "length"
+    # free text (a random model may end it itself)
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].finish_reason in ("length", "stop")
 
 
 def test_auto_leaves_free_text_free(client: openai.OpenAI) -> None:
