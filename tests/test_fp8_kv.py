@@ -92,15 +92,22 @@ def metadata(prefix_lens: list[int], extend_lens: list[int], page_size: int = 4)
 
 @pytest.mark.parametrize("dtype", FORMATS)
 @pytest.mark.parametrize(
-    "batch", [([0, 21, 40], [9, 5, 17]), ([3, 30, 64], [1, 1, 1])], ids=["extend", "decode"]
+    "batch",
+    [([0, 21, 40], [9, 5, 17]), ([3, 30, 64], [1, 1, 1]), ([0, 21, 40], [3, 5, 2])],
+    ids=["extend", "decode", "short_extend"],
 )
-def test_backend_attends_over_dequantized_kv(dtype: torch.dtype, batch: tuple[list[int], list[int]]) -> None:
+@pytest.mark.parametrize("kernel", [True, False], ids=["c_kernels", "gather"])
+def test_backend_attends_over_dequantized_kv(
+    dtype: torch.dtype, batch: tuple[list[int], list[int]], kernel: bool
+) -> None:
+    """Through the C kernels (reading float8 in place) or the gather path, an fp8 pool attends exactly as an
+    fp32 pool holding the dequantized values (the same path over fp32)."""
     H, KVH, D = 6, 2, 16
     md, num_slots = metadata(*batch)
     g = torch.Generator().manual_seed(1)
     fp8 = KVPool(num_slots, 1, KVH, D, torch.float32, store_dtype=dtype)
-    if fp8.k_scale is not None and fp8.v_scale is not None:
-        fp8.k_scale[0] = torch.tensor([0.25, 2.0])
+    if fp8.k_scale is not None and fp8.v_scale is not None:  # per channel: 0.25 or 2 times 1/2, 1 or 2
+        fp8.k_scale[0] = torch.tensor([0.25, 2.0])[:, None] * torch.exp2(torch.arange(D) % 3 - 1.0)
         fp8.v_scale[0] = torch.tensor([1.0, 0.5])
     old_k, old_v = (
         torch.randn(num_slots, KVH, D, generator=g) * 3,
@@ -113,17 +120,17 @@ def test_backend_attends_over_dequantized_kv(dtype: torch.dtype, batch: tuple[li
         torch.randn(T, KVH, D, generator=g),
         torch.randn(T, KVH, D, generator=g),
     )
-    out = run_backend(fp8, md, q, k, v, H, KVH, D)
+    out = run_backend(fp8, md, q, k, v, H, KVH, D, kernel)
 
     ref = KVPool(num_slots, 1, KVH, D, torch.float32)  # holds what the fp8 pool hands back, in fp32
     out_ref_kv = read_back(fp8, md.out_cache_loc, k, v)
     ref.k_buffers[0].copy_(read_back(fp8, torch.arange(num_slots), old_k, old_v)[0])
     ref.v_buffers[0].copy_(read_back(fp8, torch.arange(num_slots), old_k, old_v)[1])
-    expected = run_backend(ref, md, q, *out_ref_kv, H, KVH, D)
+    expected = run_backend(ref, md, q, *out_ref_kv, H, KVH, D, kernel)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     # and the new tokens were stored quantized
     stored = dequantize_fp8(fp8.k_buffers[0][md.out_cache_loc])
-    scale = fp8.k_scale[0][:, None] if fp8.k_scale is not None else 1.0
+    scale = fp8.k_scale[0] if fp8.k_scale is not None else 1.0
     torch.testing.assert_close(stored * scale, out_ref_kv[0], rtol=0, atol=0)
 
 
@@ -136,14 +143,23 @@ def read_back(
     kq, vq = quantize_fp8(k, pool.dtype, ks), quantize_fp8(v, pool.dtype, vs)
     kb, vb = dequantize_fp8(kq), dequantize_fp8(vq)
     if ks is not None and vs is not None:
-        kb, vb = kb * ks[:, None], vb * vs[:, None]
+        kb, vb = kb * ks, vb * vs[:, None]  # K per channel [KVH, D], V per head [KVH]
     return kb, vb
 
 
 def run_backend(
-    pool: KVPool, md: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, H: int, KVH: int, D: int
+    pool: KVPool,
+    md: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    H: int,
+    KVH: int,
+    D: int,
+    kernel: bool,
 ) -> torch.Tensor:
-    backend = TorchNativeBackend(pool, H, KVH, D, D**-0.5, use_decode_kernel=False)
+    backend = TorchNativeBackend(pool, H, KVH, D, D**-0.5, use_decode_kernel=kernel)
+    assert backend.use_decode_kernel == kernel
     backend.init_forward_metadata(md)
     return backend.forward(q, k, v, 0, md)
 
@@ -162,7 +178,7 @@ def fake_fp8(
         for x, scale in ((k, k_scale), (v, v_scale)):
             s = None if scale is None else scale[layer_id]
             y = dequantize_fp8(quantize_fp8(x, dtype, s))
-            out.append(y if s is None else y * s[:, None])
+            out.append(y if s is None else y * (s if s.dim() == 2 else s[:, None]))
         original(layer_id, loc, out[0], out[1])
 
     pool.set_kv = set_kv  # type: ignore[method-assign]
@@ -174,8 +190,6 @@ def test_engine_equals_fp32_kv_holding_the_fp8_values(
 ) -> None:
     eng = engine_factory(tiny_llama, kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=48)
     ref = engine_factory(tiny_llama, chunked_prefill_size=48)
-    # float8 extends take the gather path (SDPA); so do the reference's, so that only the stored values differ
-    ref.worker.call(lambda s: setattr(s.runner.backend, "use_extend_kernel", False))
     pool = eng.worker.scheduler.runner.kv_pool
     ref_pool = ref.worker.scheduler.runner.kv_pool
     assert pool.dtype == FP8_DTYPES[kv_cache_dtype] and pool.size_bytes * 4 == ref_pool.size_bytes

@@ -61,6 +61,9 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P]
 _ARGTYPES.append(ctypes.c_int)
 _SYMBOLS = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
+# The float8 variants take four more: q_bf16 (the query / output dtype), kv_kind (FP8_KINDS), k_scale, v_scale.
+_FP8_EXTRA = [ctypes.c_int, ctypes.c_int, _P, _P]
+FP8_KINDS = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}  # KV_E4M3, KV_E5M2 of paged_simd.h
 # The extend kernels: q, q_stride, num_tokens, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
 # qo_indptr, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads -> status.
 _EXTEND_ARGTYPES = [_P, _I64, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64]
@@ -80,10 +83,12 @@ class CpuDecodeUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Kernels:
-    """The library's entry points by dtype (bfloat16, float32)."""
+    """The library's entry points by dtype (bfloat16, float32), and the float8-KV ones."""
 
     decode: dict[torch.dtype, Kernel]
     extend: dict[torch.dtype, Kernel]
+    decode_fp8: Kernel
+    extend_fp8: Kernel
 
 
 _lock = threading.Lock()
@@ -154,16 +159,21 @@ def load_library(flags: tuple[str, ...] = FLAGS) -> Kernels:
     except (OSError, subprocess.SubprocessError) as exc:
         raise CpuDecodeUnavailable(f"building or loading the paged attention kernels failed: {exc}") from exc
 
-    def bind(symbols: dict[torch.dtype, str], argtypes: Sequence[type]) -> dict[torch.dtype, Kernel]:
-        bound: dict[torch.dtype, Kernel] = {}
-        for dtype, name in symbols.items():
-            fn = getattr(lib, name)
-            fn.argtypes = argtypes
-            fn.restype = ctypes.c_int
-            bound[dtype] = fn
-        return bound
+    def bind_one(name: str, argtypes: Sequence[type]) -> Kernel:
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+        return fn  # type: ignore[no-any-return]
 
-    return Kernels(decode=bind(_SYMBOLS, _ARGTYPES), extend=bind(_EXTEND_SYMBOLS, _EXTEND_ARGTYPES))
+    def bind(symbols: dict[torch.dtype, str], argtypes: Sequence[type]) -> dict[torch.dtype, Kernel]:
+        return {dtype: bind_one(name, argtypes) for dtype, name in symbols.items()}
+
+    return Kernels(
+        decode=bind(_SYMBOLS, _ARGTYPES),
+        extend=bind(_EXTEND_SYMBOLS, _EXTEND_ARGTYPES),
+        decode_fp8=bind_one("paged_decode_fp8", _ARGTYPES + _FP8_EXTRA),
+        extend_fp8=bind_one("paged_extend_fp8", _EXTEND_ARGTYPES + _FP8_EXTRA),
+    )
 
 
 def kernels() -> Kernels:
@@ -205,6 +215,33 @@ def _bad(name: str, what: str) -> ValueError:
     return ValueError(f"paged_decode_attention: {name} {what}")
 
 
+def fp8_extra_args(
+    who: str, q: torch.Tensor, k_buf: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> tuple[list[int], list[torch.Tensor]]:
+    """The float8 kernels' four extra arguments (q_bf16, kv_kind, k_scale and v_scale pointers) for a float8
+    ``k_buf`` ``[num_slots, KVH, D]``, and the tensors they point into (keep them alive over the call).
+
+    ``k_scale``: None (1), ``[KVH]`` (per head) or ``[KVH, D]`` (per channel) float32; ``v_scale``: None or
+    ``[KVH]`` float32. Raises ValueError naming ``who`` and the bad argument."""
+    _, KVH, D = k_buf.shape
+    keep: list[torch.Tensor] = []
+    ptrs = []
+    for name, t, shapes in (("k_scale", k_scale, ((KVH,), (KVH, D))), ("v_scale", v_scale, ((KVH,),))):
+        if t is None:
+            ptrs.append(0)
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_cpu:
+            raise ValueError(f"{who}: {name} must be a float32 CPU tensor or None")
+        if tuple(t.shape) not in shapes:
+            raise ValueError(f"{who}: {name} shape {tuple(t.shape)} is not one of {list(shapes)}")
+        if name == "k_scale" and t.dim() == 1:
+            t = t[:, None].expand(KVH, D)
+        t = t.contiguous()
+        keep.append(t)
+        ptrs.append(t.data_ptr())
+    return [int(q.dtype == torch.bfloat16), FP8_KINDS[k_buf.dtype], *ptrs], keep
+
+
 def _diagnose(
     q: object, k_buf: object, v_buf: object, slot_table: object, seq_lens: object, window: object, out: object
 ) -> ValueError:
@@ -219,11 +256,13 @@ def _diagnose(
     for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
         if not isinstance(buf, torch.Tensor) or buf.dim() != 3 or not buf.is_cpu:
             return _bad(name, "must be a 3-D [num_slots, KVH, D] CPU tensor")
-        if buf.dtype != q.dtype:
-            return _bad(name, f"dtype {buf.dtype} differs from q's {q.dtype}")
+        if buf.dtype != q.dtype and buf.dtype not in FP8_KINDS:
+            return _bad(name, f"dtype {buf.dtype} is neither q's {q.dtype} nor a float8 format")
         if not buf.is_contiguous():
             return _bad(name, "must be contiguous")
     assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    if v_buf.dtype != k_buf.dtype:
+        return _bad("v_buf", f"dtype {v_buf.dtype} differs from k_buf's {k_buf.dtype}")
     _, KVH, Dk = k_buf.shape
     if Dk != D or KVH == 0 or H % KVH != 0:
         return _bad("k_buf", f"shape {tuple(k_buf.shape)} does not fit q's [B={B}, H={H}, D={D}]")
@@ -267,14 +306,17 @@ def paged_decode_attention(
     window: int | None = None,
     *,
     out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of one query token per request over its KV slots, read from the pool in place.
 
     Args:
         q: ``[B, H, D]`` bfloat16 or float32 CPU tensor with contiguous heads (strides ``(>= H*D, D, 1)``,
             so a row-strided view of a fused QKV projection works without a copy).
-        k_buf, v_buf: one layer's ``[num_slots, KVH, D]`` contiguous pool buffers, of ``q``'s dtype; ``H``
-            must be a multiple of ``KVH`` (query head ``h`` uses kv head ``h // (H // KVH)``).
+        k_buf, v_buf: one layer's ``[num_slots, KVH, D]`` contiguous pool buffers, of ``q``'s dtype or both
+            float8 (e4m3fn / e5m2, read as ``code * scale``); ``H`` must be a multiple of ``KVH`` (query head
+            ``h`` uses kv head ``h // (H // KVH)``).
         slot_table: ``[B, >= max(seq_lens)]`` int64 with a unit inner stride (any row stride); the first
             ``seq_lens[b]`` entries of row ``b`` are request ``b``'s slots in position order, the rest
             are not read.
@@ -283,6 +325,8 @@ def paged_decode_attention(
         scale: the softmax scale of ``q . k``.
         window: sliding window: when positive, only the last ``window`` positions are attended.
         out: optional contiguous ``[B, H, D]`` tensor of ``q``'s dtype to write (not overlapping inputs).
+        k_scale, v_scale: float8 buffers only: float32 dequantization scales, ``k_scale`` ``[KVH]`` or
+            ``[KVH, D]`` (per channel), ``v_scale`` ``[KVH]``; None reads the codes as they are.
 
     Returns:
         ``[B, H, D]`` contiguous tensor of ``q``'s dtype: ``softmax(scale * q k^T) v`` computed in float32
@@ -295,26 +339,33 @@ def paged_decode_attention(
         MemoryError: when the kernel's scratch allocation fails.
     """
     lib = _kernels if _kernels is not None else _ensure_loaded()
+    extra: list[int] = []
+    if isinstance(k_buf, torch.Tensor) and k_buf.dtype in FP8_KINDS and k_buf.dim() == 3:
+        extra, _keep = fp8_extra_args("paged_decode_attention", q, k_buf, k_scale, v_scale)
+    elif k_scale is not None or v_scale is not None:
+        raise _bad("k_scale / v_scale", "apply to float8 buffers only")
     # Fast path: one pass of cheap checks; _diagnose names the culprit when one fails.
     try:
-        fn = lib.decode[q.dtype]
+        fn = lib.decode[q.dtype] if not extra else lib.decode_fp8
+        kv_dtype = q.dtype if not extra else k_buf.dtype
         B, H, D = q.shape
         num_slots, KVH, Dk = k_buf.shape
         qs = q.stride()
         width = slot_table.shape[1]
         ok = (
             q.is_cpu
+            and q.dtype in _SYMBOLS
             and qs[2] == 1
             and (qs[1] == D or H == 1)
             and (qs[0] >= H * D or B == 1)
             and k_buf.is_cpu
-            and k_buf.dtype == q.dtype
+            and k_buf.dtype == kv_dtype
             and k_buf.is_contiguous()
             and Dk == D
             and KVH > 0
             and H % KVH == 0
             and v_buf.is_cpu
-            and v_buf.dtype == q.dtype
+            and v_buf.dtype == kv_dtype
             and v_buf.is_contiguous()
             and v_buf.shape == k_buf.shape
             and slot_table.is_cpu
@@ -361,6 +412,7 @@ def paged_decode_attention(
         window or 0,
         out.data_ptr(),
         torch.get_num_threads(),
+        *extra,
     )
     if status:
         if status == 3:

@@ -7,7 +7,8 @@ of new tokens): all query heads of a kv head share each K/V tile of 64 positions
 table; scores and values are small register-blocked GEMMs with an online softmax; items run on
 ``torch.get_num_threads()`` OpenMP threads. fp32 runs in fp32 throughout; bf16 uses the AVX512-BF16 dot
 product where the CPU has it, with the probabilities rounded to bf16 for ``P V`` as torch's bf16 flash
-attention does (see the C file's header for the precision contract).
+attention does (see the C file's header for the precision contract). Float8 pools (e4m3fn / e5m2, with
+their per-channel K and per-head V scales) are widened exactly to fp32 as tiles are packed, then run in fp32.
 
 Per layer of an extend forward::
 
@@ -61,11 +62,13 @@ def _check(
     for name, buf in (("k_buf", k_buf), ("v_buf", v_buf)):
         if not isinstance(buf, torch.Tensor) or buf.dim() != 3 or not buf.is_cpu:
             raise _bad(name, "must be a 3-D [num_slots, KVH, D] CPU tensor")
-        if buf.dtype != q.dtype:
-            raise _bad(name, f"dtype {buf.dtype} differs from q's {q.dtype}")
+        if buf.dtype != q.dtype and buf.dtype not in cpu_decode.FP8_KINDS:
+            raise _bad(name, f"dtype {buf.dtype} is neither q's {q.dtype} nor a float8 format")
         if not buf.is_contiguous():
             raise _bad(name, "must be contiguous")
     assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    if v_buf.dtype != k_buf.dtype:
+        raise _bad("v_buf", f"dtype {v_buf.dtype} differs from k_buf's {k_buf.dtype}")
     _, KVH, Dk = k_buf.shape
     if Dk != D or KVH == 0 or H % KVH != 0:
         raise _bad("k_buf", f"shape {tuple(k_buf.shape)} does not fit q's [T={T}, H={H}, D={D}]")
@@ -103,6 +106,8 @@ def paged_extend_attention(
     window: int | None = None,
     *,
     out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its KV slots (cached prefix + new), read in place.
 
@@ -110,9 +115,9 @@ def paged_extend_attention(
         q: ``[T, H, D]`` bfloat16 or float32 CPU tensor, the new tokens of all requests (request ``b``'s at
             rows ``qo_indptr[b]:qo_indptr[b+1]``), with contiguous heads (strides ``(>= H*D, D, 1)``, so a
             row-strided view of a fused QKV projection works without a copy).
-        k_buf, v_buf: one layer's ``[num_slots, KVH, D]`` contiguous pool buffers of ``q``'s dtype (the new
-            tokens' K/V already stored); ``H`` must be a multiple of ``KVH`` (query head ``h`` uses kv head
-            ``h // (H // KVH)``).
+        k_buf, v_buf: one layer's ``[num_slots, KVH, D]`` contiguous pool buffers of ``q``'s dtype or both
+            float8 (e4m3fn / e5m2, read as ``code * scale``; the new tokens' K/V already stored); ``H`` must
+            be a multiple of ``KVH`` (query head ``h`` uses kv head ``h // (H // KVH)``).
         slot_table: ``[B, >= max(seq_lens)]`` int64 with a unit inner stride; the first ``seq_lens[b]``
             entries of row ``b`` are request ``b``'s slots in position order, the rest are not read.
         qo_indptr: ``[B + 1]`` contiguous int64, non-decreasing, ``qo_indptr[B] <= T``.
@@ -124,6 +129,7 @@ def paged_extend_attention(
             ``> p - window``.
         out: optional contiguous ``[T, H, D]`` tensor of ``q``'s dtype to write (not overlapping inputs);
             rows not covered by ``qo_indptr`` are left as they are.
+        k_scale, v_scale: float8 buffers only, as for ``cpu_decode.paged_decode_attention``.
 
     Returns:
         ``[T, H, D]`` contiguous tensor of ``q``'s dtype (see the module docstring for bf16 precision).
@@ -136,7 +142,14 @@ def paged_extend_attention(
         MemoryError: when the kernel's scratch allocation fails.
     """
     _check(q, k_buf, v_buf, slot_table, qo_indptr, seq_lens, window, out)
-    fn = cpu_decode.kernels().extend[q.dtype]
+    assert isinstance(k_buf, torch.Tensor)
+    lib = cpu_decode.kernels()
+    extra: list[int] = []
+    if k_buf.dtype in cpu_decode.FP8_KINDS:
+        extra, _keep = cpu_decode.fp8_extra_args("paged_extend_attention", q, k_buf, k_scale, v_scale)
+    elif k_scale is not None or v_scale is not None:
+        raise _bad("k_scale / v_scale", "apply to float8 buffers only")
+    fn = lib.extend_fp8 if extra else lib.extend[q.dtype]
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype)
     T, H, D = q.shape
@@ -163,6 +176,7 @@ def paged_extend_attention(
         window or 0,
         out.data_ptr(),
         torch.get_num_threads(),
+        *extra,
     )
     if status:
         if status == 3:

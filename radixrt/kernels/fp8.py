@@ -15,10 +15,13 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x / scale`` (``scale`` broadcasts over ``x``'s heads: ``[KVH]`` for ``x [T, KVH, D]``) cast to
-    ``dtype``, saturating instead of overflowing to inf / NaN."""
+    """``x / scale`` (``scale`` per head ``[KVH]`` or per channel ``[KVH, D]``, for ``x [T, KVH, D]``) cast
+    to ``dtype``, saturating instead of overflowing to inf / NaN."""
     fmax = torch.finfo(dtype).max
-    y = x.float() if scale is None else x.float() / scale[:, None]
+    if scale is None:
+        y = x.float()
+    else:
+        y = x.float() / (scale if scale.dim() == 2 else scale[:, None])
     return y.clamp(-fmax, fmax).to(dtype)
 
 

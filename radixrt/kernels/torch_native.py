@@ -10,9 +10,10 @@ longer extends the C extend kernel (no slot table, mask or gather is built for t
 could be built here (gcc); when it cannot, the backend logs why once and runs the reference path. No Python
 loop over tokens or requests in the per-layer path.
 
-Float8 KV (``--kv-cache-dtype fp8_e5m2|fp8_e4m3``): gathered K/V are widened to the query's dtype and, for
-e4m3, multiplied by the pool's per-head scales (``kv_scales``) before SDPA. The C kernel reads fp32 / bf16
-pools only, so with a float8 pool every step, decode and extend included, takes the gather path.
+Float8 KV (``--kv-cache-dtype fp8_e5m2|fp8_e4m3``): the C kernels read the float8 codes in place and widen
+them in registers, with the pool's scales (``kv_scales``: per-channel K, per-head V, e4m3 only) folded into
+the query and the output. On the reference path gathered K/V are widened to the query's dtype and multiplied
+by the scales before SDPA.
 """
 
 from __future__ import annotations
@@ -61,8 +62,6 @@ class TorchNativeBackend(AttentionBackend):
         super().__init__(kv, num_heads, num_kv_heads, head_dim, scale, sliding_window)
         self.kv_fp8 = kv.get_kv_buffer(0)[0].dtype in (torch.float8_e5m2, torch.float8_e4m3fn)
         self.scaled_kv = kv if isinstance(kv, ScaledKVStore) else None
-        if self.kv_fp8:
-            use_decode_kernel = False  # NOTE: the C kernel reads fp32 / bf16 only; fp8 gathers and widens
         self.use_decode_kernel = use_decode_kernel and cpu_decode.available()
         if use_decode_kernel and not self.use_decode_kernel:
             logger.warning(
@@ -118,22 +117,49 @@ class TorchNativeBackend(AttentionBackend):
     ) -> torch.Tensor:
         self.kv.set_kv(layer_id, md.out_cache_loc, k, v)
         k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
+        scales = self.scaled_kv.kv_scales(layer_id) if self.scaled_kv is not None else None
+        ks, vs = (None, None) if scales is None else scales
         if self.use_decode_kernel and md.max_extend_len == 1 and q.shape[0] == md.batch_size:
             return cpu_decode.paged_decode_attention(
-                q, k_buf, v_buf, md.slot_table, md.seq_lens, self.scale, self.sliding_window
+                q,
+                k_buf,
+                v_buf,
+                md.slot_table,
+                md.seq_lens,
+                self.scale,
+                self.sliding_window,
+                k_scale=ks,
+                v_scale=vs,
             )
         if self._token_table is not None:
             return cpu_decode.paged_decode_attention(
-                q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window
+                q,
+                k_buf,
+                v_buf,
+                self._token_table,
+                self._token_lens,
+                self.scale,
+                self.sliding_window,
+                k_scale=ks,
+                v_scale=vs,
             )
         if self._extend_kernel:
             return cpu_extend.paged_extend_attention(
-                q, k_buf, v_buf, md.slot_table, md.qo_indptr, md.seq_lens, self.scale, self.sliding_window
+                q,
+                k_buf,
+                v_buf,
+                md.slot_table,
+                md.qo_indptr,
+                md.seq_lens,
+                self.scale,
+                self.sliding_window,
+                k_scale=ks,
+                v_scale=vs,
             )
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)
         if self.kv_fp8:
-            keys, values = self._widen(keys, values, layer_id, q.dtype)
+            keys, values = self._widen(keys, values, ks, vs, q.dtype)
         if md.max_extend_len == 1:
             queries = (
                 q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
@@ -152,13 +178,19 @@ class TorchNativeBackend(AttentionBackend):
             return out[:, :, 0, :]
         return out.transpose(1, 2)[self._q_valid]
 
+    @staticmethod
     def _widen(
-        self, keys: torch.Tensor, values: torch.Tensor, layer_id: int, dtype: torch.dtype
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gathered float8 K/V ``[B, KVH, L, D]`` in ``dtype``, times the per-head scales (e4m3)."""
+        """Gathered float8 K/V ``[B, KVH, L, D]`` in ``dtype``, times the scales (e4m3; ``k_scale``
+        ``[KVH]`` or ``[KVH, D]``, ``v_scale`` ``[KVH]``)."""
         k, v = dequantize_fp8(keys), dequantize_fp8(values)
-        scales = self.scaled_kv.kv_scales(layer_id) if self.scaled_kv is not None else None
-        if scales is not None:  # powers of two: exact
-            k = k * scales[0][None, :, None, None]
-            v = v * scales[1][None, :, None, None]
+        if k_scale is not None:  # powers of two: exact
+            k = k * (k_scale[:, None, :] if k_scale.dim() == 2 else k_scale[:, None, None])
+        if v_scale is not None:
+            v = v * v_scale[:, None, None]
         return k.to(dtype), v.to(dtype)

@@ -1,9 +1,10 @@
 """Per-layer K/V buffers indexed by token slot (the one place that knows the KV layout and its dtype).
 
 The buffers hold the model's dtype, or with ``--kv-cache-dtype fp8_e5m2|fp8_e4m3`` torch's float8 dtypes:
-``set_kv`` quantizes what it stores (dividing by the per-head scale for e4m3, saturating at the format's
-largest finite value) and attention backends dequantize what they read with ``kv_scales``. Scales are
-powers of two, so dividing by one is exact and the only rounding is the cast to float8.
+``set_kv`` quantizes what it stores (dividing by the scale for e4m3, saturating at the format's largest
+finite value) and attention backends dequantize what they read with ``kv_scales``. e4m3 keys are scaled per
+channel (keys carry outlier channels), values per head. Scales are powers of two, so dividing by one is
+exact and the only rounding is the cast to float8.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")
 FP8_DTYPES = {"fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e4m3fn}
 # e4m3 scales leave this much headroom over the calibrated |K|/|V| maxima (values past it saturate).
 E4M3_HEADROOM = 4.0
+# A key channel's scale is at least its head's scale times this: a channel nearly silent during calibration
+# must not saturate later (e4m3's relative precision is the same at any scale down to its subnormals, so a
+# smaller scale gains nothing there).
+K_CHANNEL_FLOOR = 2.0**-8
 
 
 def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -38,9 +43,10 @@ class KVPool:
 
     Slot ``s`` of page ``p`` is ``p * page_size + offset``, so the buffers are page-major too. ``dtype``
     is the stored dtype (``store_dtype``, default the model's ``model_dtype``). With e4m3 storage,
-    ``k_scale`` / ``v_scale`` (``[layers, kv_heads]`` float32, powers of two) are set by ``calibrate``
-    before anything is stored; until then they are 1. ``lazy`` buffers are ``torch.empty`` (pages commit
-    only when written; used by the host tier).
+    ``k_scale`` (``[layers, kv_heads, head_dim]``, per channel; ``per_channel_k`` False: one per head,
+    broadcast over the channels) and ``v_scale`` (``[layers, kv_heads]``), float32 powers of two, are set by
+    ``end_calibration`` before anything is stored; until then they are 1. ``lazy`` buffers are
+    ``torch.empty`` (pages commit only when written; used by the host tier).
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class KVPool:
         device: str | torch.device = "cpu",
         store_dtype: torch.dtype | None = None,
         lazy: bool = False,
+        per_channel_k: bool = True,
     ) -> None:
         self.num_slots = num_slots
         self.num_layers = num_layers
@@ -66,8 +73,9 @@ class KVPool:
         self.v_buffers = [make(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
+        self.per_channel_k = per_channel_k
         if self.dtype == torch.float8_e4m3fn:
-            self.k_scale = torch.ones(num_layers, num_kv_heads, device=device)
+            self.k_scale = torch.ones(num_layers, num_kv_heads, head_dim, device=device)
             self.v_scale = torch.ones(num_layers, num_kv_heads, device=device)
         self._calib: list[torch.Tensor] | None = None
 
@@ -88,8 +96,8 @@ class KVPool:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
     def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per-head ``(k_scale, v_scale)`` ``[KVH]`` float32 that dequantize layer ``layer_id``'s stored
-        values (``stored.float() * scale``), or None when no scale applies."""
+        """``(k_scale [KVH, D], v_scale [KVH])`` float32 that dequantize layer ``layer_id``'s stored values
+        (``stored.float() * scale``, per channel for K, per head for V), or None when no scale applies."""
         if self.k_scale is None or self.v_scale is None:
             return None
         return self.k_scale[layer_id], self.v_scale[layer_id]
@@ -99,9 +107,11 @@ class KVPool:
             self.k_buffers[layer_id][loc] = k.to(self.dtype)
             self.v_buffers[layer_id][loc] = v.to(self.dtype)
             return
-        if self._calib is not None:  # calibrating: record |K|, |V| maxima per head
-            amax = torch.stack([k.detach().abs().amax(dim=(0, 2)), v.detach().abs().amax(dim=(0, 2))])
-            self._calib[layer_id] = torch.maximum(self._calib[layer_id], amax.float().cpu())
+        if self._calib is not None:  # calibrating: record |K| maxima per channel, |V| per head
+            k_amax = k.detach().abs().amax(dim=0).float().cpu()
+            v_amax = v.detach().abs().amax(dim=(0, 2)).float().cpu()
+            amax = torch.cat([k_amax, v_amax[:, None]], dim=1)
+            self._calib[layer_id] = torch.maximum(self._calib[layer_id], amax)
         scales = self.kv_scales(layer_id)
         ks, vs = (None, None) if scales is None else scales
         self.k_buffers[layer_id][loc] = quantize_fp8(k, self.dtype, ks)
@@ -109,18 +119,24 @@ class KVPool:
 
     # -- e4m3 scales ----------------------------------------------------------------------------
     def begin_calibration(self) -> None:
-        """Record per-head |K| / |V| maxima of every ``set_kv`` until ``end_calibration``."""
-        self._calib = [torch.zeros(2, self.num_kv_heads) for _ in range(self.num_layers)]
+        """Record |K| maxima per channel and |V| maxima per head of every ``set_kv`` until
+        ``end_calibration`` (one ``[KVH, D + 1]`` record per layer: K's channels, then V)."""
+        self._calib = [torch.zeros(self.num_kv_heads, self.head_dim + 1) for _ in range(self.num_layers)]
 
     def end_calibration(self) -> None:
         """Fix the e4m3 scales from the recorded maxima (no-op for other dtypes)."""
         calib, self._calib = self._calib, None
         if calib is None or self.k_scale is None or self.v_scale is None:
             return
-        amax = torch.stack(calib)  # [layers, 2, KVH]
-        scale = pow2_scale(amax, torch.finfo(self.dtype).max).to(self.k_scale.device)
-        self.k_scale.copy_(scale[:, 0])
-        self.v_scale.copy_(scale[:, 1])
+        amax = torch.stack(calib)  # [layers, KVH, D + 1]
+        fmax = torch.finfo(self.dtype).max
+        k_amax, v_amax = amax[..., :-1], amax[..., -1]
+        head = pow2_scale(k_amax.amax(dim=-1, keepdim=True), fmax)
+        k_scale = (
+            torch.maximum(pow2_scale(k_amax, fmax), head * K_CHANNEL_FLOOR) if self.per_channel_k else head
+        )
+        self.k_scale.copy_(k_scale.expand_as(self.k_scale))
+        self.v_scale.copy_(pow2_scale(v_amax, fmax))
 
     def scales_bytes(self) -> bytes:
         """The scales' bytes (part of the disk tier's identity: stored values mean nothing without them)."""

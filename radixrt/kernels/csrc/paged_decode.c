@@ -31,6 +31,10 @@
  * as one flat range, so a long context at batch 1 is spread over all threads (split-K): a request cut
  * between threads leaves partial (max, sum, acc) records, merged at the end.
  *
+ * Float8 K/V (paged_decode_fp8): rows of 1-byte e4m3fn / e5m2 codes, widened in registers (fp8_to_f32);
+ * the per-channel K scales multiply the query once per call and the per-head V scales the output, so a
+ * float8 pool is read at half the bytes of bf16 with a few integer ops per 16 elements more.
+ *
  * Returns 0 on success, 1 if some seq_len is out of [0, table_width], 2 if a slot is out of
  * [0, num_slots) (such rows are skipped, never read; the output is then unspecified), 3 when out of memory.
  */
@@ -41,17 +45,32 @@
 #define MIN_PARALLEL_ROWS 384  /* below this many K rows in all, the call runs on the calling thread */
 
 /* A row of D elements is handled as NP = ceil(D / 32) pairs of float vectors (2 * NP vectors), the last
- * pair zero padded. For bf16 a pair is one 64-byte load: the low halves of its 32-bit lanes (shifted up)
- * are the even elements and the high halves (masked) the odd ones, one integer op per 16 elements; the
- * queries and accumulators use the same lane order. For f32 a pair is simply 32 consecutive floats. */
-static inline int64_t lane_dim(int64_t v, int64_t t, int bf16) {
-    return 32 * (v >> 1) + (bf16 ? 2 * t + (v & 1) : 16 * (v & 1) + t);
+ * pair zero padded; kt is the K/V element kind (KV_F32, KV_BF16, KV_E4M3, KV_E5M2 of paged_simd.h). For
+ * bf16 a pair is one 64-byte load: the low halves of its 32-bit lanes (shifted up) are the even elements
+ * and the high halves (masked) the odd ones, one integer op per 16 elements; the queries and accumulators
+ * use the same lane order. For f32 a pair is simply 32 consecutive floats, and for float8 32 consecutive
+ * codes (one 32-byte load) widened by fp8_to_f32, in the f32 lane order. */
+static inline int64_t lane_dim(int64_t v, int64_t t, int kt) {
+    return 32 * (v >> 1) + (kt == KV_BF16 ? 2 * t + (v & 1) : 16 * (v & 1) + t);
 }
 
-static inline __attribute__((always_inline)) void load_pair(const char* row, int64_t c, int64_t D, int bf16,
+static inline __attribute__((always_inline)) void load_pair(const char* row, int64_t c, int64_t D, int kt,
                                                             vf* even, vf* odd) {
     const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
-    if (bf16) {
+    if (kt == KV_E4M3 || kt == KV_E5M2) {
+        vb8 lo, hi;
+        if (cnt == 32) {
+            memcpy(&lo, row + 32 * c, sizeof lo);
+            memcpy(&hi, row + 32 * c + 16, sizeof hi);
+        } else {
+            uint8_t tmp[32] = {0};
+            memcpy(tmp, row + 32 * c, (size_t)cnt);
+            memcpy(&lo, tmp, sizeof lo);
+            memcpy(&hi, tmp + 16, sizeof hi);
+        }
+        *even = fp8_to_f32(lo, kt);
+        *odd = fp8_to_f32(hi, kt);
+    } else if (kt == KV_BF16) {
         vu x;
         if (cnt == 32) {
             memcpy(&x, row + 64 * c, sizeof x);
@@ -121,8 +140,8 @@ static inline void prefetch_row(const char* p, int64_t bytes) {
 static inline __attribute__((always_inline)) void qk_rows(
     const char* restrict kb, const char* restrict vb, const int64_t* restrict off, int64_t cnt,
     const int64_t* restrict pf, int64_t pf_cnt, int64_t KVH, const vf* restrict qv, vf* restrict part,
-    float* restrict s, float post_scale, const int64_t D, const int64_t G, const int bf16) {
-    const int64_t NP = (D + 31) / 32, NV = 2 * NP, elem = bf16 ? 2 : 4, record_bytes = KVH * D * elem;
+    float* restrict s, float post_scale, const int64_t D, const int64_t G, const int kt) {
+    const int64_t NP = (D + 31) / 32, NV = 2 * NP, elem = kv_elem(kt), record_bytes = KVH * D * elem;
     for (int64_t jj = 0; jj < VL; jj++) {
         if (jj < pf_cnt && pf[jj] >= 0) {
             prefetch_row(kb + pf[jj] * elem, record_bytes);
@@ -137,7 +156,7 @@ static inline __attribute__((always_inline)) void qk_rows(
                 vf a[GQ];
                 for (int64_t gg = 0; gg < ng; gg++) a[gg] = (vf){0};
 #if USE_DPBF16
-                if (bf16) {
+                if (kt == KV_BF16) {
                     /* qh[gg * NV + c], c < NP, holds the raw bf16 pairs of the query (see load_queries) */
                     if (valid)
                         for (int64_t c = 0; c < NP; c++) {
@@ -153,7 +172,7 @@ static inline __attribute__((always_inline)) void qk_rows(
                 if (valid)
                     for (int64_t c = 0; c < NP; c++) {
                         vf e, o;
-                        load_pair(row, c, D, bf16, &e, &o);
+                        load_pair(row, c, D, kt, &e, &o);
                         for (int64_t gg = 0; gg < ng; gg++) {
                             a[gg] += qh[gg * NV + 2 * c] * e;
                             a[gg] += qh[gg * NV + 2 * c + 1] * o;
@@ -181,8 +200,8 @@ static inline __attribute__((always_inline)) void pv_rows(
     const char* restrict vb, const int64_t* restrict off, int64_t nb, const float* restrict s,
     const float* restrict alpha, vf* restrict acc, const char* pf_kb, const char* pf_vb,
     const int64_t* restrict pf, int64_t pf_cnt, int64_t pf_bytes, const int64_t D, const int64_t ng,
-    const int bf16) {
-    const int64_t NP = (D + 31) / 32, NV = 2 * NP, elem = bf16 ? 2 : 4;
+    const int kt) {
+    const int64_t NP = (D + 31) / 32, NV = 2 * NP, elem = kv_elem(kt);
     for (int64_t c = 0; c < NP; c++) {
         vf ae[GQ], ao[GQ];
         for (int64_t gg = 0; gg < ng; gg++) {
@@ -196,7 +215,7 @@ static inline __attribute__((always_inline)) void pv_rows(
             }
             if (off[j] < 0) continue;
             vf e, o;
-            load_pair(vb + off[j] * elem, c, D, bf16, &e, &o);
+            load_pair(vb + off[j] * elem, c, D, kt, &e, &o);
             for (int64_t gg = 0; gg < ng; gg++) {
                 const float p = s[gg * BT + j];
                 ae[gg] += p * e;
@@ -210,17 +229,18 @@ static inline __attribute__((always_inline)) void pv_rows(
     }
 }
 
-/* Instantiate CALL(D, N, BF16) for D in {64, 128, any} x N (NS_CASES, else any) x {bf16, f32}:
+/* Instantiate CALL(D, N, KT) for D in {64, 128, any} x N (NS_CASES, else any) x the four K/V kinds:
  * compile-time shapes let gcc unroll the chunk and head loops into registers. */
+#define SPECIALIZE_KT(CALL, N, NS_CASES, KT)                                                               \
+    if (D == 64) { NS_CASES(CALL, N, 64, KT) }                                                             \
+    else if (D == 128) { NS_CASES(CALL, N, 128, KT) }                                                      \
+    else { NS_CASES(CALL, N, D, KT) }
 #define SPECIALIZE(CALL, N, NS_CASES)                                                                      \
-    if (bf16) {                                                                                            \
-        if (D == 64) { NS_CASES(CALL, N, 64, 1) }                                                          \
-        else if (D == 128) { NS_CASES(CALL, N, 128, 1) }                                                   \
-        else { NS_CASES(CALL, N, D, 1) }                                                                   \
-    } else {                                                                                               \
-        if (D == 64) { NS_CASES(CALL, N, 64, 0) }                                                          \
-        else if (D == 128) { NS_CASES(CALL, N, 128, 0) }                                                   \
-        else { NS_CASES(CALL, N, D, 0) }                                                                   \
+    switch (kt) {                                                                                          \
+    case KV_BF16: SPECIALIZE_KT(CALL, N, NS_CASES, KV_BF16) break;                                         \
+    case KV_E4M3: SPECIALIZE_KT(CALL, N, NS_CASES, KV_E4M3) break;                                         \
+    case KV_E5M2: SPECIALIZE_KT(CALL, N, NS_CASES, KV_E5M2) break;                                         \
+    default: SPECIALIZE_KT(CALL, N, NS_CASES, KV_F32) break;                                               \
     }
 /* head-group sizes of pv_rows: 1..GQ */
 #define NG_CASES(CALL, N, DD, BF)                                                                          \
@@ -244,7 +264,7 @@ static inline __attribute__((always_inline)) void pv_rows(
 
 static void qk_any(const char* kb, const char* vb, const int64_t* off, int64_t cnt, const int64_t* pf,
                    int64_t pf_cnt, int64_t KVH, const vf* qv, vf* part, float* s, float post_scale, int64_t D,
-                   int64_t G, int bf16) {
+                   int64_t G, int kt) {
 #define QK_CALL(DD, GG, BF) qk_rows(kb, vb, off, cnt, pf, pf_cnt, KVH, qv, part, s, post_scale, DD, GG, BF)
     SPECIALIZE(QK_CALL, G, G_CASES)
 #undef QK_CALL
@@ -252,7 +272,7 @@ static void qk_any(const char* kb, const char* vb, const int64_t* off, int64_t c
 
 static void pv_any(const char* vb, const int64_t* off, int64_t nb, const float* s, const float* alpha, vf* acc,
                    const char* pf_kb, const char* pf_vb, const int64_t* pf, int64_t pf_cnt, int64_t pf_bytes,
-                   int64_t D, int64_t ng, int bf16) {
+                   int64_t D, int64_t ng, int kt) {
 #define PV_CALL(DD, NG, BF) pv_rows(vb, off, nb, s, alpha, acc, pf_kb, pf_vb, pf, pf_cnt, pf_bytes, DD, NG, BF)
     SPECIALIZE(PV_CALL, ng, NG_CASES)
 #undef PV_CALL
@@ -292,8 +312,8 @@ static void fill_offsets(int64_t* restrict off, const int64_t* restrict slots, i
  * the kv heads are visited one after the other, so a block's K (then V) slot records, KVH * D contiguous
  * elements each, are read as a whole while they are in cache: the pool is streamed, not strided. */
 static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slots, int64_t n, int64_t num_slots,
-                       int64_t KVH, int64_t D, int64_t G, int bf16, state_t st, scratch_t ws, int* err) {
-    const int64_t H = KVH * G, NV = 2 * ((D + 31) / 32), elem = bf16 ? 2 : 4;
+                       int64_t KVH, int64_t D, int64_t G, int kt, state_t st, scratch_t ws, int* err) {
+    const int64_t H = KVH * G, NV = 2 * ((D + 31) / 32), elem = kv_elem(kt);
     const int64_t record = KVH * D, record_bytes = record * elem, head_bytes = D * elem;
     const char* kb = (const char*)k_buf;
     const char* vb = (const char*)v_buf;
@@ -316,7 +336,7 @@ static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slot
             const int64_t* pf = ahead < nb ? cur + ahead : next;
             int64_t pf_cnt = ahead < nb ? nb - ahead : (nb == BT ? nb_next : 0);
             pf_cnt = pf_cnt < VL ? pf_cnt : VL;
-            qk_any(kb, vb, cur + jg, cnt, pf, pf_cnt, KVH, ws.qv, ws.part, ws.s + jg, ws.post_scale, D, G, bf16);
+            qk_any(kb, vb, cur + jg, cnt, pf, pf_cnt, KVH, ws.qv, ws.part, ws.s + jg, ws.post_scale, D, G, kt);
         }
         /* online softmax update over the VL-rounded block; s becomes 2^(s - m) */
         const int64_t nvec = round_up(nb, VL) / VL;
@@ -345,7 +365,7 @@ static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slot
                 const int64_t ng = G - g0 < GQ ? G - g0 : GQ, hq = h * G + g0;
                 const int64_t pf_cnt = h == 0 && g0 == 0 ? nb_next : 0;
                 pv_any(vb + h * head_bytes, cur, nb, ws.s + hq * BT, ws.alpha + hq, st.acc + hq * NV, kb, vb, next,
-                       pf_cnt, record_bytes, D, ng, bf16);
+                       pf_cnt, record_bytes, D, ng, kt);
             }
         int64_t* t = cur;
         cur = next;
@@ -353,18 +373,26 @@ static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slot
     }
 }
 
-/* out rows of request b = acc / l, undoing the lane order of load_pair. */
-static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int bf16) {
+/* out rows of request b = acc / l (times the kv head's V scale, when v_scale), undoing the lane order of
+ * load_pair; G query heads per kv head. */
+static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int qbf16, int kt, int64_t G,
+                     const float* v_scale) {
     const int64_t NP = (D + 31) / 32, NV = 2 * NP;
     for (int64_t g = 0; g < H; g++) {
-        const float inv_l = st.l[g] > 0.0f ? 1.0f / st.l[g] : 0.0f;
-        char* o = (char*)out + (b * H + g) * D * (bf16 ? 2 : 4);
+        float inv_l = st.l[g] > 0.0f ? 1.0f / st.l[g] : 0.0f;
+        if (v_scale) inv_l *= v_scale[g / G];
+        char* o = (char*)out + (b * H + g) * D * (qbf16 ? 2 : 4);
         for (int64_t c = 0; c < NP; c++) {
             const vf e = st.acc[g * NV + 2 * c] * inv_l, od = st.acc[g * NV + 2 * c + 1] * inv_l;
             const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
-            if (bf16) {
+            if (qbf16 && kt == KV_BF16) {
                 const vu word = (round_bf16_high(e) >> 16) | round_bf16_high(od);
                 memcpy(o + 64 * c, &word, (size_t)cnt * 2);
+            } else if (qbf16) {
+                const vu lo = round_bf16_high(e) >> 16, hi = round_bf16_high(od) >> 16;
+                uint16_t tmp[32];
+                for (int t = 0; t < VL; t++) tmp[t] = (uint16_t)lo[t], tmp[VL + t] = (uint16_t)hi[t];
+                memcpy(o + 64 * c, tmp, (size_t)cnt * 2);
             } else {
                 float tmp[32];
                 memcpy(tmp, &e, sizeof e);
@@ -375,13 +403,16 @@ static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int
     }
 }
 
-/* qv[g] = q[g] * qscale in the lane order of load_pair, for the G query heads at qb; with USE_DPBF16 and
- * bf16, qv[g, c] (c < NP) instead holds the raw bf16 pairs of q[g] and the scale is applied to the dot
- * products. Returns the scale still to apply. */
-static float load_queries(vf* restrict qv, const void* qb, int64_t D, int64_t G, float qscale, int bf16) {
+/* qv[g] = q[g] * qscale (times the K scales of g's kv head, channel by channel, when k_scale) in the lane
+ * order of load_pair, for the G query heads at qb (Gk per kv head); with USE_DPBF16 and bf16 K/V (then q
+ * is bf16 and there are no K scales), qv[g, c] (c < NP) instead holds the raw bf16 pairs of q[g] and the
+ * scale is applied to the dot products. Returns the scale still to apply. */
+static float load_queries(vf* restrict qv, const void* qb, int64_t D, int64_t G, float qscale, int qbf16, int kt,
+                          int64_t Gk, const float* k_scale) {
     const int64_t NP = (D + 31) / 32, NV = 2 * NP;
+    (void)Gk;
 #if USE_DPBF16
-    if (bf16) {
+    if (kt == KV_BF16) {
         for (int64_t g = 0; g < G; g++)
             for (int64_t c = 0; c < NP; c++) {
                 vu x;
@@ -395,9 +426,10 @@ static float load_queries(vf* restrict qv, const void* qb, int64_t D, int64_t G,
         for (int64_t v = 0; v < NV; v++) {
             vf x = {0};
             for (int t = 0; t < VL; t++) {
-                const int64_t d = lane_dim(v, t, bf16);
+                const int64_t d = lane_dim(v, t, kt);
                 if (d >= D) continue;
-                x[t] = bf16 ? bf16_to_f32(((const uint16_t*)qb)[g * D + d]) : ((const float*)qb)[g * D + d];
+                x[t] = qbf16 ? bf16_to_f32(((const uint16_t*)qb)[g * D + d]) : ((const float*)qb)[g * D + d];
+                if (k_scale) x[t] *= k_scale[(g / Gk) * D + d];
             }
             qv[g * NV + v] = x * qscale;
         }
@@ -444,7 +476,8 @@ typedef struct {
     const int64_t *slot_table, *seq_lens, *cum;
     int64_t q_stride, num_slots, table_stride, B, H, KVH, D, W;
     float qscale;
-    int bf16;
+    int qbf16, kt;                  /* the query / output is bf16 (else f32); the K/V element kind */
+    const float *k_scale, *v_scale; /* [KVH, D] and [KVH] dequantization scales, or NULL (1) */
     void* out;
     partial_t* partials; /* [2 * threads] */
     int err;
@@ -482,7 +515,7 @@ static void run_range(job_t* job, int tid, int T) {
     base = state_at(&own, base, H, NV);
     base = state_at(&rec[0].st, base, H, NV);
     state_at(&rec[1].st, base, H, NV);
-    const size_t elem = job->bf16 ? 2 : 4;
+    const size_t elem = job->qbf16 ? 2 : 4;
     int nrec = 0;
     const int64_t lo = job->W * tid / T, hi = job->W * (tid + 1) / T;
     int64_t b = 0, top = B; /* binary search: the first request whose work extends past lo */
@@ -498,13 +531,13 @@ static void run_range(job_t* job, int tid, int T) {
         state_t st = full ? own : rec[nrec].st;
         state_reset(st, H, NV);
         const char* qb = (const char*)job->q + (size_t)(b * job->q_stride) * elem;
-        ws.post_scale = load_queries(qv, qb, D, H, job->qscale, job->bf16);
+        ws.post_scale = load_queries(qv, qb, D, H, job->qscale, job->qbf16, job->kt, G, job->k_scale);
         const int64_t start = job->seq_lens[b] - (cum[b + 1] - cum[b]); /* the window's first position */
         const int64_t* slots = job->slot_table + b * job->table_stride + start + (pos - cum[b]);
-        accumulate(job->k_buf, job->v_buf, slots, p_hi - pos, job->num_slots, KVH, D, G, job->bf16, st, ws,
+        accumulate(job->k_buf, job->v_buf, slots, p_hi - pos, job->num_slots, KVH, D, G, job->kt, st, ws,
                    &job->err);
         if (full) {
-            finalize(job->out, b, H, D, st, job->bf16);
+            finalize(job->out, b, H, D, st, job->qbf16, job->kt, G, job->v_scale);
         } else {
             rec[nrec].seg = b;
             nrec++;
@@ -516,10 +549,11 @@ static void run_range(job_t* job, int tid, int T) {
 static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, const void* v_buf,
                         int64_t num_slots, const int64_t* slot_table, int64_t table_stride,
                         int64_t table_width, const int64_t* seq_lens, int64_t B, int64_t H, int64_t KVH,
-                        int64_t D, float scale, int64_t window, void* out, int nthreads, int bf16) {
+                        int64_t D, float scale, int64_t window, void* out, int nthreads, int qbf16, int kt,
+                        const float* k_scale, const float* v_scale) {
     if (B <= 0 || H <= 0 || D <= 0 || KVH <= 0) return 0;
-    const int64_t NV = 2 * ((D + 31) / 32);
-    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int64_t NV = 2 * ((D + 31) / 32), G = H / KVH;
+    const size_t elem = qbf16 ? sizeof(uint16_t) : sizeof(float);
     int nt = nthreads < 1 ? 1 : nthreads;
     /* the caller's bookkeeping: cum[b], the first flat work position of request b, then 2 partial
      * records per thread */
@@ -536,7 +570,7 @@ static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, cons
         cum[b + 1] = cum[b] + eff;
     }
     job_t job = {q, k_buf, v_buf, slot_table, seq_lens, cum, q_stride, num_slots, table_stride, B, H, KVH, D,
-                 cum[B], scale * LOG2E, bf16, out, (partial_t*)(book + cum_bytes), 0};
+                 cum[B], scale * LOG2E, qbf16, kt, k_scale, v_scale, out, (partial_t*)(book + cum_bytes), 0};
     if (job.W * KVH < MIN_PARALLEL_ROWS) nt = 1;
     int used_threads = 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -554,14 +588,14 @@ static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, cons
         const partial_t* p = &job.partials[i];
         if (p->seg < 0) continue;
         if (p->seg != cur_seg) {
-            if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, bf16);
+            if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, qbf16, kt, G, v_scale);
             cur = p->st;
             cur_seg = p->seg;
         } else {
             state_merge(cur, p->st, H, NV);
         }
     }
-    if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, bf16);
+    if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, qbf16, kt, G, v_scale);
     return job.err;
 }
 
@@ -571,8 +605,8 @@ int paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_buf
                       int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window, uint16_t* out,
                       int nthreads) {
     return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
-                        seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
-                        1);
+                        seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads, 1,
+                        KV_BF16, NULL, NULL);
 }
 
 int paged_decode_f32(const float* q, int64_t q_stride, const float* k_buf, const float* v_buf,
@@ -580,6 +614,20 @@ int paged_decode_f32(const float* q, int64_t q_stride, const float* k_buf, const
                      const int64_t* seq_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
                      int64_t head_dim, float scale, int64_t window, float* out, int nthreads) {
     return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
+                        seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads, 0,
+                        KV_F32, NULL, NULL);
+}
+
+/* Float8 K/V (kv_kind KV_E4M3 or KV_E5M2) with a bf16 (q_bf16 1) or f32 query and output; k_scale [KVH, D]
+ * and v_scale [KVH] float32 (NULL: 1) dequantize the stored codes: k = code * k_scale[h, d]. The K scales
+ * are folded into the query and the V scale into the output, so the inner loops only widen codes. */
+int paged_decode_fp8(const void* q, int64_t q_stride, const uint8_t* k_buf, const uint8_t* v_buf,
+                     int64_t num_slots, const int64_t* slot_table, int64_t table_stride, int64_t table_width,
+                     const int64_t* seq_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+                     int64_t head_dim, float scale, int64_t window, void* out, int nthreads, int q_bf16,
+                     int kv_kind, const float* k_scale, const float* v_scale) {
+    if (kv_kind != KV_E4M3 && kv_kind != KV_E5M2) return 1;
+    return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
                         seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
-                        0);
+                        q_bf16 != 0, kv_kind, k_scale, v_scale);
 }

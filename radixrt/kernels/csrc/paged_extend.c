@@ -32,6 +32,9 @@
  * Items run under OpenMP dynamic scheduling, the costliest first; qb shrinks when there are too few items
  * to keep every thread busy.
  *
+ * Float8 K/V (paged_extend_fp8): e4m3fn / e5m2 codes are widened exactly to fp32 as the tiles are packed
+ * and the fp32 GEMMs run (also for a bf16 query); the K scales multiply the queries, the V scale the output.
+ *
  * Returns 0 on success, 1 for inconsistent qo_indptr / seq_lens (see paged_extend below), 2 if a slot is
  * out of [0, num_slots) (its K/V read as zeros; the output is then unspecified), 3 when out of memory.
  */
@@ -273,7 +276,8 @@ static void store_rows(const job_t* job, const item_t* it, scratch_t ws, int64_t
     const int64_t D = job->D, H = job->H, elem = job->bf16 ? 2 : 4;
     const int64_t t0 = job->qo_indptr[it->b] + it->q0;
     for (int64_t r = 0; r < it->nq * G; r++) {
-        const float l = hadd(ws.l[r]), inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        const float l = hadd(ws.l[r]), vs = job->v_scale ? job->v_scale[it->h] : 1.0f;
+        const float inv_l = l > 0.0f ? vs / l : 0.0f;
         char* dst = job->out + ((t0 + r / G) * H + it->h * G + r % G) * D * elem;
         const float* o = ws.o + r * W;
         for (int64_t d = 0; d < D; d += VL) {
@@ -307,8 +311,9 @@ static void load_queries(const job_t* job, const item_t* it, scratch_t ws, int64
             memcpy(dst, src, (size_t)D * 2);
             if (D & 1) ((uint16_t*)dst)[D] = 0;
         } else {
-            load_row_f32(dst, src, D, D, job->bf16);
-            for (int64_t d = 0; d < D; d++) dst[d] *= job->qscale;
+            load_row_f32(dst, src, D, D, job->bf16 ? KV_BF16 : KV_F32);
+            const float* ks = job->k_scale ? job->k_scale + it->h * D : NULL;
+            for (int64_t d = 0; d < D; d++) dst[d] *= ks ? job->qscale * ks[d] : job->qscale;
         }
     }
 }
@@ -316,7 +321,7 @@ static void load_queries(const job_t* job, const item_t* it, scratch_t ws, int64
 static void run_item(job_t* job, const item_t* it) {
     const int64_t D = job->D, G = job->H / job->KVH, W = round_up(D, VL);
     const int64_t R = it->nq * G, Rp = round_up(R, RB);
-    const int pairs = USE_DPBF16 && job->bf16;
+    const int pairs = USE_DPBF16 && job->kt == KV_BF16;
     const int64_t qs = pairs ? (D + 1) / 2 : D; /* 32-bit elements per query row */
     const int64_t KW = pairs ? round_up((D + 1) / 2, VL) : W;
     const int64_t rows = round_up(job->qb * G, RB);
@@ -368,7 +373,8 @@ static int cost_desc(const void* a, const void* b) {
 static int paged_extend(const void* q, int64_t q_stride, int64_t num_tokens, const void* k_buf, const void* v_buf,
                         int64_t num_slots, const int64_t* slot_table, int64_t table_stride, int64_t table_width,
                         const int64_t* qo_indptr, const int64_t* seq_lens, int64_t B, int64_t H, int64_t KVH,
-                        int64_t D, float scale, int64_t window, void* out, int nthreads, int bf16) {
+                        int64_t D, float scale, int64_t window, void* out, int nthreads, int bf16, int kt,
+                        const float* k_scale, const float* v_scale) {
     if (B <= 0 || H <= 0 || D <= 0 || KVH <= 0 || H % KVH) return B <= 0 ? 0 : 1;
     const int64_t G = H / KVH;
     if (qo_indptr[0] < 0 || qo_indptr[B] > num_tokens) return 1;
@@ -400,7 +406,7 @@ static int paged_extend(const void* q, int64_t q_stride, int64_t num_tokens, con
     }
     qsort(items, (size_t)nitems, sizeof(item_t), cost_desc);
     job_t job = {q, k_buf, v_buf, slot_table, qo_indptr, seq_lens, q_stride, num_slots, table_stride, H, KVH, D,
-                 window, qb, scale * LOG2E, bf16, out, 0};
+                 window, qb, scale * LOG2E, bf16, kt, k_scale, v_scale, out, 0};
     if (work < MIN_PARALLEL || nitems < 2) nt = 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (int64_t i = 0; i < nitems; i++) run_item(&job, &items[i]);
@@ -414,7 +420,7 @@ int paged_extend_bf16(const uint16_t* q, int64_t q_stride, int64_t num_tokens, c
                       uint16_t* out, int nthreads) {
     return paged_extend(q, q_stride, num_tokens, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
                         qo_indptr, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
-                        1);
+                        1, KV_BF16, NULL, NULL);
 }
 
 int paged_extend_f32(const float* q, int64_t q_stride, int64_t num_tokens, const float* k_buf, const float* v_buf,
@@ -424,5 +430,19 @@ int paged_extend_f32(const float* q, int64_t q_stride, int64_t num_tokens, const
                      int nthreads) {
     return paged_extend(q, q_stride, num_tokens, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
                         qo_indptr, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
-                        0);
+                        0, KV_F32, NULL, NULL);
+}
+
+/* Float8 K/V (kv_kind KV_E4M3 or KV_E5M2, see paged_decode_fp8) with a bf16 (q_bf16 1) or f32 query and
+ * output: rows are widened to fp32 as they are packed (the fp32 GEMMs), the K scales fold into the
+ * queries and the V scale into the output. */
+int paged_extend_fp8(const void* q, int64_t q_stride, int64_t num_tokens, const uint8_t* k_buf,
+                     const uint8_t* v_buf, int64_t num_slots, const int64_t* slot_table, int64_t table_stride,
+                     int64_t table_width, const int64_t* qo_indptr, const int64_t* seq_lens, int64_t batch,
+                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window,
+                     void* out, int nthreads, int q_bf16, int kv_kind, const float* k_scale, const float* v_scale) {
+    if (kv_kind != KV_E4M3 && kv_kind != KV_E5M2) return 1;
+    return paged_extend(q, q_stride, num_tokens, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
+                        qo_indptr, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
+                        q_bf16 != 0, kv_kind, k_scale, v_scale);
 }

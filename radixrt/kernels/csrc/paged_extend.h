@@ -35,7 +35,9 @@ typedef struct {
     int64_t q_stride, num_slots, table_stride, H, KVH, D, window;
     int64_t qb; /* new tokens per work item at most */
     float qscale; /* scale * log2(e) */
-    int bf16;
+    int bf16;     /* the query and output are bf16 (else f32) */
+    int kt;       /* the K/V element kind (paged_simd.h); KV_BF16 needs a bf16 query, KV_F32 an f32 one */
+    const float *k_scale, *v_scale; /* float8 K/V: [KVH, D] and [KVH] dequantization scales, or NULL (1) */
     char* out;
     int err;
 } job_t;
@@ -78,10 +80,18 @@ static inline void transpose16(vf* r) {
 #undef TRANSPOSE_ROUND
 }
 
-/* dst[0, W) = the D elements at src widened to fp32 (or copied), zero padded; src NULL: all zero. */
-static inline void load_row_f32(float* restrict dst, const char* restrict src, int64_t D, int64_t W, int bf16) {
+/* dst[0, W) = the D elements (of kind kt) at src widened to fp32 (or copied), zero padded; src NULL: all
+ * zero. */
+static inline void load_row_f32(float* restrict dst, const char* restrict src, int64_t D, int64_t W, int kt) {
     int64_t d = 0;
-    if (src && !bf16) {
+    if (src && (kt == KV_E4M3 || kt == KV_E5M2)) {
+        for (; d < D; d += VL) {
+            vb8 x = {0};
+            memcpy(&x, src + d, (size_t)(D - d < VL ? D - d : VL));
+            const vf y = fp8_to_f32(x, kt);
+            memcpy(dst + d, &y, (size_t)(W - d < VL ? W - d : VL) * sizeof(float));
+        }
+    } else if (src && kt == KV_F32) {
         for (; d + VL <= D; d += VL) memcpy(dst + d, src + 4 * d, sizeof(vf));
         for (; d < D; d++) memcpy(dst + d, src + 4 * d, 4);
     } else if (src) {
@@ -133,7 +143,7 @@ static void pack_v_pairs(const char* const* vrow, int64_t D, float* vp_out) {
  * tile's rows (next_slots[0, next_nk)) so that memory works while this tile is computed. */
 static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const int64_t* next_slots,
                       int64_t next_nk, int64_t h, scratch_t ws, int pairs) {
-    const int64_t D = job->D, W = round_up(D, VL), elem = job->bf16 ? 2 : 4, row_bytes = D * elem;
+    const int64_t D = job->D, W = round_up(D, VL), elem = kv_elem(job->kt), row_bytes = D * elem;
     const int64_t KW = pairs ? round_up((D + 1) / 2, VL) : W; /* 32-bit columns of a K row */
     const char* krow[BK];
     const char* vrow[BK];
@@ -149,12 +159,12 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
         }
     }
     /* rows of whole vectors are transposed straight from the pool, others staged (widened, padded) first */
-    const int direct = pairs ? D % 32 == 0 : !job->bf16 && D % VL == 0;
+    const int direct = pairs ? D % 32 == 0 : job->kt == KV_F32 && D % VL == 0;
     if (!direct)
         for (int64_t j = 0; j < BK; j++) {
             float* dst = ws.stage + j * KW;
             if (!pairs) {
-                load_row_f32(dst, krow[j], D, KW, job->bf16);
+                load_row_f32(dst, krow[j], D, KW, job->kt);
                 continue;
             }
             memset(dst, 0, (size_t)KW * 4);
@@ -175,7 +185,7 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
     if (pairs)
         pack_v_pairs(vrow, D, ws.vp);
     else
-        for (int64_t j = 0; j < BK; j++) load_row_f32(ws.vp + j * W, vrow[j], D, W, job->bf16);
+        for (int64_t j = 0; j < BK; j++) load_row_f32(ws.vp + j * W, vrow[j], D, W, job->kt);
     for (int64_t j = 0; j < next_nk; j++) {
         const int64_t slot = next_slots[j];
         if ((uint64_t)slot >= (uint64_t)job->num_slots) continue;

@@ -39,6 +39,33 @@ static inline float bf16_to_f32(uint16_t x) {
     return f;
 }
 
+/* K/V element kinds the kernels read (the query and output are f32 or bf16): */
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_E4M3 2 /* float8_e4m3fn */
+#define KV_E5M2 3 /* float8_e5m2 */
+
+static inline int64_t kv_elem(int kt) { return kt == KV_F32 ? 4 : kt == KV_BF16 ? 2 : 1; }
+
+typedef uint8_t vb8 __attribute__((vector_size(VL)));
+
+/* 16 float8 codes (kt KV_E4M3 or KV_E5M2) widened to fp32 exactly, without touching fp32 subnormals (so
+ * no denormal assists, and DAZ cannot change the result): the magnitude bits go under a rebiased fp32
+ * exponent, which is exact for normal codes; a subnormal code m (exponent field 0) first reads as
+ * 2^(1-bias) / 2 + m * ulp, and 2x - 2^(1-bias) of that is its value m * ulp. The NaN codes (never stored:
+ * the pool saturates at the largest finite value) read as finite numbers. */
+static inline vf fp8_to_f32(vb8 x, const int kt) {
+    const int M = kt == KV_E4M3 ? 3 : 2;
+    const uint32_t rebias = kt == KV_E4M3 ? (127 - 7) : (127 - 15);
+    const float min_normal = kt == KV_E4M3 ? 0x1p-6f : 0x1p-14f;
+    const vu u = __builtin_convertvector(x, vu);
+    const vu mag = u & 0x7fu;
+    const vf y = (vf)((mag << (23 - M)) + (rebias << 23));
+    const vi sub = (vi)(mag < (1u << M));
+    const vf z = y + (vf)((vi)(y - min_normal) & sub);
+    return (vf)((vu)z | ((u & 0x80u) << 24));
+}
+
 /* 2^x for x <= 0 (including -inf, which gives 0), vectorizable: x = n + f with n the nearest integer
  * (the 1.5 * 2^23 rounding trick) and f in [-0.5, 0.5], 2^f by a degree-6 polynomial (Cephes exp2f,
  * relative error ~2e-7), 2^n through the exponent bits. */
