@@ -49,7 +49,7 @@
  * bf16 a pair is one 64-byte load: the low halves of its 32-bit lanes (shifted up) are the even elements
  * and the high halves (masked) the odd ones, one integer op per 16 elements; the queries and accumulators
  * use the same lane order. For f32 a pair is simply 32 consecutive floats, and for float8 32 consecutive
- * codes (one 32-byte load) widened by fp8_to_f32, in the f32 lane order. */
+ * codes (one 32-byte load) widened by fp8x32_to_f32, in the f32 lane order. */
 static inline int64_t lane_dim(int64_t v, int64_t t, int kt) {
     return 32 * (v >> 1) + (kt == KV_BF16 ? 2 * t + (v & 1) : 16 * (v & 1) + t);
 }
@@ -58,18 +58,13 @@ static inline __attribute__((always_inline)) void load_pair(const char* row, int
                                                             vf* even, vf* odd) {
     const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
     if (kt == KV_E4M3 || kt == KV_E5M2) {
-        vb8 lo, hi;
         if (cnt == 32) {
-            memcpy(&lo, row + 32 * c, sizeof lo);
-            memcpy(&hi, row + 32 * c + 16, sizeof hi);
+            fp8x32_to_f32(row + 32 * c, kt, even, odd);
         } else {
-            uint8_t tmp[32] = {0};
+            char tmp[32] = {0};
             memcpy(tmp, row + 32 * c, (size_t)cnt);
-            memcpy(&lo, tmp, sizeof lo);
-            memcpy(&hi, tmp + 16, sizeof hi);
+            fp8x32_to_f32(tmp, kt, even, odd);
         }
-        *even = fp8_to_f32(lo, kt);
-        *odd = fp8_to_f32(hi, kt);
     } else if (kt == KV_BF16) {
         vu x;
         if (cnt == 32) {

@@ -85,11 +85,13 @@ static inline void transpose16(vf* r) {
 static inline void load_row_f32(float* restrict dst, const char* restrict src, int64_t D, int64_t W, int kt) {
     int64_t d = 0;
     if (src && (kt == KV_E4M3 || kt == KV_E5M2)) {
-        for (; d < D; d += VL) {
-            vb8 x = {0};
-            memcpy(&x, src + d, (size_t)(D - d < VL ? D - d : VL));
-            const vf y = fp8_to_f32(x, kt);
-            memcpy(dst + d, &y, (size_t)(W - d < VL ? W - d : VL) * sizeof(float));
+        for (; d < D; d += 32) {
+            char tmp[32] = {0};
+            const char* p = src + d;
+            if (D - d < 32) p = memcpy(tmp, src + d, (size_t)(D - d));
+            vf y[2];
+            fp8x32_to_f32(p, kt, &y[0], &y[1]);
+            memcpy(dst + d, y, (size_t)(W - d < 32 ? W - d : 32) * sizeof(float));
         }
     } else if (src && kt == KV_F32) {
         for (; d + VL <= D; d += VL) memcpy(dst + d, src + 4 * d, sizeof(vf));

@@ -66,6 +66,37 @@ static inline vf fp8_to_f32(vb8 x, const int kt) {
     return (vf)((vu)z | ((u & 0x80u) << 24));
 }
 
+/* 32 float8 codes at src (all readable) widened to fp32 exactly: lo = codes [0, 16), hi = [16, 32). With
+ * AVX512-BW (unless PAGED_PORTABLE) the codes become float16 bit patterns (e5m2 is the top byte of a
+ * float16; e4m3's magnitude bits under the float16 exponent give the value / 256, subnormals included) and
+ * the hardware conversion widens them (it ignores DAZ); otherwise fp8_to_f32. */
+#if defined(__AVX512BW__) && !defined(PAGED_PORTABLE)
+#include <immintrin.h>
+static inline __attribute__((always_inline)) void fp8x32_to_f32(const char* src, const int kt, vf* lo, vf* hi) {
+    __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)src));
+    if (kt == KV_E5M2) {
+        w = _mm512_slli_epi16(w, 8);
+    } else {
+        const __m512i mag = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x7f)), 7);
+        w = _mm512_or_si512(mag, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+    }
+    *lo = (vf)_mm512_cvtph_ps(_mm512_castsi512_si256(w));
+    *hi = (vf)_mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1));
+    if (kt == KV_E4M3) {
+        *lo *= 256.0f;
+        *hi *= 256.0f;
+    }
+}
+#else
+static inline __attribute__((always_inline)) void fp8x32_to_f32(const char* src, const int kt, vf* lo, vf* hi) {
+    vb8 a, b;
+    memcpy(&a, src, sizeof a);
+    memcpy(&b, src + VL, sizeof b);
+    *lo = fp8_to_f32(a, kt);
+    *hi = fp8_to_f32(b, kt);
+}
+#endif
+
 /* 2^x for x <= 0 (including -inf, which gives 0), vectorizable: x = n + f with n the nearest integer
  * (the 1.5 * 2^23 rounding trick) and f in [-0.5, 0.5], 2^f by a degree-6 polynomial (Cephes exp2f,
  * relative error ~2e-7), 2^n through the exponent bits. */
