@@ -3,6 +3,7 @@
     python -m benchmarks.profile_step                       # embedded model, defaults, 2 threads
     python -m benchmarks.profile_step --quantization none --dtype bfloat16 --top 30
     python -m benchmarks.profile_step --decode              # also one batch-1 decode step
+    python -m benchmarks.profile_step --only-decode --decode-batch 16   # 32 decode steps at batch 16
 
 Cases: a 512-token prefill (one request, nothing cached) and a 256-token extend over a 3k-token cached
 prefix (the prefix is prefilled first, untimed; the extend request repeats it and appends 256 new tokens),
@@ -147,16 +148,19 @@ def run_case(engine: Any, name: str, prefix: list[int], ids: list[int], top: int
            f"{new / wall:.0f} tok/s", prof, wall, top)  # fmt: skip
 
 
-def run_decode(engine: Any, top: int, repeat: int) -> None:
-    """One cached 64-token prompt generating 33 tokens: 32 batch-1 decode steps after the first token."""
+def run_decode(engine: Any, top: int, repeat: int, batch: int) -> None:
+    """``batch`` cached 64-token prompts generating 33 tokens together: 32 decode steps at that batch size
+    after the first token."""
     vocab = engine.worker.scheduler.runner.config.vocab_size
-    ids = random_ids(64, vocab, random.Random(1))
+    rng = random.Random(1)
+    ids = [random_ids(64, vocab, rng) for _ in range(batch)]
     params = {"temperature": 0, "max_new_tokens": 33, "ignore_eos": True}
-    engine.generate(input_ids=ids, sampling_params=params)  # warm; caches the prompt
+    engine.generate(input_ids=ids, sampling_params=params)  # warm; caches the prompts
     prof, wall, _ = fastest(
         engine, lambda: None, lambda: engine.generate(input_ids=ids, sampling_params=params), repeat
     )
-    report(f"decode: 33 tokens at batch 1 (32 decode steps): {wall * 1e3:.1f} ms", prof, wall, top)
+    title = f"decode: 33 tokens at batch {batch} (32 decode steps): {wall * 1e3:.1f} ms"
+    report(f"{title}, {wall * 1e3 / 32:.2f} ms a step", prof, wall, top)
 
 
 def main() -> None:
@@ -170,7 +174,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--extend", type=int, default=256)
     ap.add_argument("--prefix", type=int, default=3072)
-    ap.add_argument("--decode", action="store_true", help="also profile 32 batch-1 decode steps")
+    ap.add_argument("--decode", action="store_true", help="also profile 32 decode steps")
+    ap.add_argument("--decode-batch", type=int, default=1, help="requests decoding together (--decode)")
+    ap.add_argument("--only-decode", action="store_true", help="skip the prefill and extend cases")
     ap.add_argument("--repeat", type=int, default=1, help="profile each case N times, print the fastest")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="another Engine (ServerArgs) field, e.g. --set dense_gemm_min_tokens=0")  # fmt: skip
@@ -189,12 +195,14 @@ def main() -> None:
     try:
         vocab = engine.worker.scheduler.runner.config.vocab_size
         rng = random.Random(0)
-        run_case(engine, f"prefill {ns.prefill}", [], random_ids(ns.prefill, vocab, rng), ns.top, ns.repeat)
-        prefix = random_ids(ns.prefix, vocab, rng)
-        tail = random_ids(ns.extend, vocab, rng)
-        run_case(engine, f"extend {ns.extend} over {ns.prefix}", prefix, prefix + tail, ns.top, ns.repeat)
-        if ns.decode:
-            run_decode(engine, ns.top, ns.repeat)
+        if not ns.only_decode:
+            prompt = random_ids(ns.prefill, vocab, rng)
+            run_case(engine, f"prefill {ns.prefill}", [], prompt, ns.top, ns.repeat)
+            prefix = random_ids(ns.prefix, vocab, rng)
+            tail = random_ids(ns.extend, vocab, rng)
+            run_case(engine, f"extend {ns.extend} over {ns.prefix}", prefix, prefix + tail, ns.top, ns.repeat)
+        if ns.decode or ns.only_decode:
+            run_decode(engine, ns.top, ns.repeat, ns.decode_batch)
     finally:
         engine.shutdown()
 

@@ -96,6 +96,14 @@ class ServerArgs:
         "(prefill, extend, large decode batches) by them with a dense GEMM, several times faster than the "
         "weight-only kernels there; smaller batches keep the quantized kernel. 0: never (saves the memory).",
     )
+    int4_kernel: str = arg(
+        "auto",
+        "Kernel of the int4 weight-only linears (int4, and gguf's 4/5/8-bit blocks) for batches below "
+        "--dense-gemm-min-tokens in bf16: auto (radixrt's AVX512-BF16 kernel where the CPU has avx512_bf16, "
+        "compiled on first use; it keeps a second copy of the codes, +0.5 byte a weight), torch "
+        "(torch's _weight_int4pack_mm_for_cpu).",
+        ("auto", "torch"),
+    )
     context_length: int | None = arg(
         None,
         "Longest sequence (prompt + generated tokens) a request may reach; a request whose prompt + "

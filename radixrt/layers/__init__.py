@@ -25,6 +25,7 @@ from radixrt.layers.quantization import (
     keep_dense_weights,
     quantize_linear,
     quantize_model_linears,
+    use_radixrt_int4_kernel,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "quantize_int8_per_channel",
     "quantize_linear",
     "quantize_model_linears",
+    "use_radixrt_int4_kernel",
 ]

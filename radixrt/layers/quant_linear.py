@@ -243,6 +243,9 @@ class Int4Linear(QuantLinearBase):
 
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
+    i4_codes: torch.Tensor | None  # radixrt's kernel layout (use_radixrt_kernel), else None
+    i4_scales: torch.Tensor | None
+    i4_zbs: torch.Tensor | None
 
     def __init__(
         self,
@@ -283,6 +286,8 @@ class Int4Linear(QuantLinearBase):
         self.register_buffer("packed", packed)  # [P, N_pad, in / 2] uint8, CPU-layout specific
         # [P, in / group, N_pad, 2] as the kernel wants it
         self.register_buffer("scales_and_zeros", sz.transpose(1, 2).to(self.storage_dtype).contiguous())
+        for name in ("i4_codes", "i4_scales", "i4_zbs"):
+            self.register_buffer(name, None, persistent=False)
 
     @classmethod
     def from_float(
@@ -298,7 +303,26 @@ class Int4Linear(QuantLinearBase):
         codes, scales, zeros = quantize_int4_groupwise(weight, group_size)
         return cls(codes, scales, zeros, group_size, bias, compute_dtype)
 
+    def use_radixrt_kernel(self, dtype: torch.dtype) -> int:
+        """Also keep the weights in the layout of radixrt's AVX512-BF16 int4 kernel
+        (:mod:`radixrt.kernels.int4_gemm`) and multiply ``dtype`` (bf16) batches by it instead of torch's
+        ``_weight_int4pack_mm_for_cpu``; returns the bytes kept. The scales are those torch's kernel uses in
+        ``dtype``, so both multiply by the same weight."""
+        from radixrt.kernels.int4_gemm import pack
+
+        if dtype != torch.bfloat16:
+            raise ValueError(f"radixrt's int4 kernel computes in bfloat16, not {dtype}")
+        sz = self.scales_and_zeros.to(dtype).float()[:, :, : self.out_features]  # [P, K/G, N, 2]
+        w = pack(self.codes(), sz[..., 0].transpose(1, 2), sz[..., 1].transpose(1, 2), self.group_size)
+        self.register_buffer("i4_codes", w.codes, persistent=False)
+        self.register_buffer("i4_scales", w.scales, persistent=False)
+        self.register_buffer("i4_zbs", w.zbs, persistent=False)
+        return w.nbytes()
+
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.i4_codes is not None and dtype == torch.bfloat16:
+            y = torch.ops.radixrt_int4.mm(x2, self.i4_codes, self.i4_scales, self.i4_zbs, self.group_size)
+            return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()
         sz = self._as("scales_and_zeros", self.scales_and_zeros, dtype)
         y = torch._weight_int4pack_mm_for_cpu(x2, self.packed[0], self.group_size, sz[0])
         for p in range(1, self.n_planes):

@@ -135,6 +135,18 @@ def keep_dense_weights(model: nn.Module, min_tokens: int) -> int:
     return kept
 
 
+def use_radixrt_int4_kernel(model: nn.Module, dtype: torch.dtype) -> int:
+    """Give every :class:`Int4Linear` of ``model`` the layout of radixrt's int4 kernel for ``dtype`` (bf16)
+    batches (:meth:`Int4Linear.use_radixrt_kernel`); returns the bytes kept (0 when none is int4)."""
+    kept = 0
+    done: set[int] = set()
+    for mod in model.modules():
+        if isinstance(mod, Int4Linear) and id(mod) not in done:
+            done.add(id(mod))
+            kept += mod.use_radixrt_kernel(dtype)
+    return kept
+
+
 def get_quant_method(name: str | None) -> QuantMethod:
     """The method registered as ``name`` (None means "none"); ``ValueError`` naming it otherwise."""
     key = "none" if name is None else name.lower()

@@ -21,7 +21,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from radixrt.layers import QUANTIZATION_CHOICES, keep_dense_weights, quantize_model_linears
+from radixrt.layers import (
+    QUANTIZATION_CHOICES,
+    Int4Linear,
+    keep_dense_weights,
+    quantize_model_linears,
+    use_radixrt_int4_kernel,
+)
 from radixrt.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -78,13 +84,16 @@ def apply_quantization(
     model_dir: Path,
     gguf_file: Path | None,
     dense_min_tokens: int = 0,
+    int4_kernel: str = "auto",
 ) -> None:
     """Replace the model's linears in place according to ``method`` (see the module docstring).
 
     Scales are stored in the model's dtype, so the kernels never cast them at run time (bf16: the fast
     vectorized kernels; float32: exact, but torch's fp32 weight-only kernels are scalar and slow).
     ``dense_min_tokens`` > 0: the quantized linears also keep their dequantized weights for batches of at
-    least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``)."""
+    least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``).
+    ``int4_kernel`` "auto": in bf16, int4 linears run radixrt's AVX512-BF16 kernel where it can run here
+    (``--int4-kernel``; the reason is logged where it cannot); "torch": torch's kernel."""
     if method == "none":
         return
     if method in ("int8", "int4"):
@@ -92,6 +101,8 @@ def apply_quantization(
     else:
         assert gguf_file is not None
         _load_gguf_linears(model, model_dir, gguf_file)
+    if int4_kernel == "auto" and model.config.dtype == torch.bfloat16:
+        _use_int4_kernel(model)
     if dense_min_tokens > 0:
         t0 = time.perf_counter()
         kept = keep_dense_weights(model, dense_min_tokens)
@@ -100,6 +111,24 @@ def apply_quantization(
             "%.1f s (--dense-gemm-min-tokens 0: off)",
             _name(model.config.dtype), dense_min_tokens, kept / 2**20, time.perf_counter() - t0,
         )  # fmt: skip
+
+
+def _use_int4_kernel(model: LlamaForCausalLM) -> None:
+    from radixrt.kernels import int4_gemm
+
+    if not any(isinstance(m, Int4Linear) for m in model.modules()):
+        return
+    reason = int4_gemm.unavailable_reason()
+    if reason is not None:
+        logger.warning("int4 linears run torch's _weight_int4pack_mm_for_cpu: radixrt's kernel cannot run here "
+                       "(%s)", reason)  # fmt: skip
+        return
+    t0 = time.perf_counter()
+    kept = use_radixrt_int4_kernel(model, torch.bfloat16)
+    logger.info(
+        "int4 linears run radixrt's AVX512-BF16 kernel below the dense threshold: +%.0f MiB, %.1f s "
+        "(--int4-kernel torch: torch's kernel)", kept / 2**20, time.perf_counter() - t0,
+    )  # fmt: skip
 
 
 class ConcatLinear(nn.Module):

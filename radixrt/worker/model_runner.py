@@ -82,8 +82,9 @@ class ModelRunner:
                 raise ValueError(f"quantization: {self.quantization!r} with a mixture-of-experts model; its "
                                  "stacked experts run unquantized so far (--quantization none)")  # fmt: skip
             apply_quantization(
-                self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens
-            )
+                self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens,
+                args.int4_kernel,
+            )  # fmt: skip
         kv_heads = cfg.num_kv_heads // tp
         kv_dtype = kv_storage_dtype(args.kv_cache_dtype, cfg.dtype)
         if is_fp8(kv_dtype) and tp > 1:

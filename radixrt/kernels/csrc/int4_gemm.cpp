@@ -1,0 +1,196 @@
+// Weight-only int4 GEMM for small batches on AVX512-BF16: y[M, N] = x[M, K] (bf16) @ W.T, where W is stored
+// as 4-bit codes per group of G input columns with a float scale and zero per (column, group) and plane:
+// W[n, k] = sum_p (q_p[n, k] - 8) * s_p[n, g] + z_p[n, g].
+//
+// Registered as the torch operator radixrt_int4::mm (radixrt/kernels/int4_gemm.py builds and loads it), so
+// compiled decode graphs call it without Python. Why not torch's _weight_int4pack_mm_for_cpu: it widens
+// every code to fp32 and multiplies in fp32 FMAs (~300 GFLOP/s on 2 cores at any batch size); here the
+// codes become exact bf16 values in registers and the products run on vdpbf16ps (two multiply-adds per
+// fp32 lane per instruction), with the group's scale applied once per group to an fp32 partial sum.
+//
+// The code -> bf16 step is one OR: the 16-bit pattern 0x4300 | q is the bf16 value 128 + q exactly, so a
+// group's partial sum is dot = sum_k x[k] * (128 + q[k]) and its contribution
+//     s * (dot - 136 * sx) + z * sx = s * dot + (z - 136 * s) * sx,   sx = sum_k x[k]  (fp32),
+// where the packer stores zb = z - 136 * s. Every product is exact in fp32 (8-bit by 8-bit significands);
+// the result differs from an fp32 matmul by the dequantized weight only in rounding order (tested).
+//
+// Packed layout (radixrt/kernels/int4_gemm.py: pack): for plane p, column block b (16 columns) and input
+// quad j (4 consecutive k), 32 bytes; byte w = 2 * c + t holds column 16 b + c: its low nibble the code at
+// k = 4 j + t, its high nibble the code at k = 4 j + 2 + t. One vpmovzxbw of the 32 bytes gives, after an
+// AND or a shift, 16 lanes of (k, k+1) bf16 pairs, the operand vdpbf16ps pairs with x[m, k:k+2].
+// Scales and zbs: float [P, N / 16, K / G, 16].
+
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Rows [0, MB) of x (row stride ldx, bf16 bits) against CB consecutive 16-column blocks, accumulating into
+// the fp32 tile acc[MB][CB * 16] (zeroed by the caller). Every (row, block) pair has its own partial-sum
+// register for the current group, so MB * CB independent vdpbf16ps chains hide the instruction's latency;
+// the group's scale and zero are applied into the tile (in L1) once per group.
+template <int MB, int CB>
+inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_t groups,
+                         const uint8_t* codes, int64_t block_code_stride, const float* scales,
+                         const float* zbs, int64_t block_scale_stride, int64_t group_size, float* acc) {
+  const __m512i low_mask = _mm512_set1_epi16(0x000F);
+  const __m512i bias = _mm512_set1_epi16(0x4300);
+  const int64_t quads = group_size / 4;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 part[MB][CB];
+    for (int i = 0; i < MB; ++i)
+      for (int c = 0; c < CB; ++c) part[i][c] = _mm512_setzero_ps();
+    const int64_t k0 = g * group_size;
+    for (int64_t j = 0; j < quads; ++j) {
+      const int64_t k = k0 + 4 * j;
+      __m512i pair0[MB], pair1[MB];
+      for (int i = 0; i < MB; ++i) {
+        int32_t lo_bits, hi_bits;
+        std::memcpy(&lo_bits, x + i * ldx + k, 4);
+        std::memcpy(&hi_bits, x + i * ldx + k + 2, 4);
+        pair0[i] = _mm512_set1_epi32(lo_bits);
+        pair1[i] = _mm512_set1_epi32(hi_bits);
+      }
+      for (int c = 0; c < CB; ++c) {
+        const uint8_t* src = codes + c * block_code_stride + (g * quads + j) * 32;
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+        const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(w, low_mask), bias);
+        const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w, 4), bias);
+        for (int i = 0; i < MB; ++i) {
+          part[i][c] = _mm512_dpbf16_ps(part[i][c], lo, (__m512bh)pair0[i]);
+          part[i][c] = _mm512_dpbf16_ps(part[i][c], hi, (__m512bh)pair1[i]);
+        }
+      }
+    }
+    for (int c = 0; c < CB; ++c) {
+      const __m512 s = _mm512_loadu_ps(scales + c * block_scale_stride + g * 16);
+      const __m512 zb = _mm512_loadu_ps(zbs + c * block_scale_stride + g * 16);
+      for (int i = 0; i < MB; ++i) {
+        float* dst = acc + i * CB * 16 + c * 16;
+        __m512 a = _mm512_fmadd_ps(part[i][c], s, _mm512_loadu_ps(dst));
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_set1_ps(sx[i * groups + g]), zb, a));
+      }
+    }
+  }
+}
+
+constexpr int kMaxRows = 8;  // rows of x per pass (the tile and the register budget)
+constexpr int kMaxBlocks = 8;
+
+using BlockFn = void (*)(const uint16_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
+                         const float*, const float*, int64_t, int64_t, float*);
+
+// Column blocks per pass of `rows` rows: enough (row, block) chains to cover vdpbf16ps latency within the 32
+// vector registers (parts rows * blocks, the x pairs 2 * rows, the weight operands).
+constexpr int blocks_for_rows(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1; }
+
+// The kernel for a pass of `rows` rows over blocks_for_rows(rows) blocks (wide) or one block.
+BlockFn kernel_for(int rows, bool wide) {
+  switch (rows) {
+    case 1: return wide ? block_kernel<1, 8> : block_kernel<1, 1>;
+    case 2: return wide ? block_kernel<2, 4> : block_kernel<2, 1>;
+    case 3: return wide ? block_kernel<3, 2> : block_kernel<3, 1>;
+    case 4: return wide ? block_kernel<4, 2> : block_kernel<4, 1>;
+    case 5: return block_kernel<5, 1>;
+    case 6: return block_kernel<6, 1>;
+    case 7: return block_kernel<7, 1>;
+    default: return block_kernel<8, 1>;
+  }
+}
+
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                   const at::Tensor& zbs, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "radixrt_int4::mm: x must be a contiguous 2-D bfloat16 tensor");
+  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.size(3) == 32,
+              "radixrt_int4::mm: codes must be contiguous uint8 [P, N/16, K/4, 32]");
+  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+                  scales.size(3) == 16 && zbs.sizes() == scales.sizes() &&
+                  zbs.scalar_type() == at::kFloat && zbs.is_contiguous(),
+              "radixrt_int4::mm: scales and zbs must be contiguous float32 [P, N/16, K/G, 16]");
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t planes = codes.size(0), nblocks = codes.size(1);
+  TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && k % group_size == 0,
+              "radixrt_int4::mm: group_size must be a multiple of 16 dividing K");
+  const int64_t groups = k / group_size;
+  TORCH_CHECK(codes.size(2) * 4 == k && scales.size(0) == planes && scales.size(1) == nblocks &&
+                  scales.size(2) == groups,
+              "radixrt_int4::mm: codes / scales do not match x's K and the group size");
+  const int64_t n = nblocks * 16;
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return out;
+
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  // sx[r, g]: each row's sum over each group, fp32 (the zero's contribution).
+  std::vector<float> sx(static_cast<size_t>(m * groups));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint16_t* xg = xp + r * k + g * group_size;
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t t = 0; t < group_size; t += 16) {
+        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + t)));
+        acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+      }
+      sx[r * groups + g] = _mm512_reduce_add_ps(acc);
+    }
+  }
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = zbs.data_ptr<float>();
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t block_code_stride = (k / 4) * 32;
+  const int64_t block_scale_stride = groups * 16;
+  const int rows_per_pass = static_cast<int>(std::min<int64_t>(kMaxRows, m));
+  const int cb = blocks_for_rows(rows_per_pass);
+  const int64_t supers = (nblocks + cb - 1) / cb;
+  const int nthreads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), supers));
+
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t sb = 0; sb < supers; ++sb) {
+    alignas(64) float tile[kMaxRows * kMaxBlocks * 16];
+    const int64_t b0 = sb * cb;
+    const int blocks = static_cast<int>(std::min<int64_t>(cb, nblocks - b0));
+    for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
+      // A short last pass of rows or of blocks runs block by block.
+      const bool wide = blocks == cb && blocks_for_rows(rows) == cb && cb > 1;
+      const int pass_cb = wide ? cb : 1;
+      const BlockFn fn = kernel_for(rows, wide);
+      for (int64_t bb = b0; bb < b0 + blocks; bb += pass_cb) {
+        std::memset(tile, 0, sizeof(float) * rows * pass_cb * 16);
+        for (int64_t p = 0; p < planes; ++p) {
+          const int64_t code_off = (p * nblocks + bb) * block_code_stride;
+          const int64_t scale_off = (p * nblocks + bb) * block_scale_stride;
+          fn(xp + r0 * k, k, sx.data() + r0 * groups, groups, cp + code_off, block_code_stride,
+             sp + scale_off, zp + scale_off, block_scale_stride, group_size, tile);
+        }
+        for (int i = 0; i < rows; ++i) {
+          for (int c = 0; c < pass_cb; ++c) {
+            const __m256bh v = _mm512_cvtneps_pbh(_mm512_load_ps(tile + (i * pass_cb + c) * 16));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(op + (r0 + i) * n + (bb + c) * 16), (__m256i)v);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixrt_int4, m) {
+  m.def("mm(Tensor x, Tensor codes, Tensor scales, Tensor zbs, int group_size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) { m.impl("mm", &int4_mm); }

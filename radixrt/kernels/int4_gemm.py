@@ -1,0 +1,186 @@
+"""radixrt's weight-only int4 GEMM for decode-sized batches on AVX512-BF16 CPUs, as the torch operator
+``torch.ops.radixrt_int4.mm`` (C++: ``radixrt/kernels/csrc/int4_gemm.cpp``, which explains the arithmetic).
+
+torch's ``_weight_int4pack_mm_for_cpu`` widens every 4-bit code to fp32 and multiplies with fp32 FMAs, so it
+runs at ~300 GFLOP/s on 2 cores at any batch size and well below the memory bandwidth at batch 1. This kernel
+turns codes into exact bf16 values with one OR and multiplies with ``vdpbf16ps``; a group's scale and zero
+are applied once per group to fp32 partial sums, so the result equals an fp32 matmul by the dequantized
+weight up to rounding order, as torch's kernel does. It is a registered torch operator (not a ctypes call),
+so the compiled decode graphs call it without Python.
+
+The library is compiled on first use with g++ against torch's headers (~20 s, with a log line) into
+``radixrt.config.cache_dir.cache_dir() / "kernels"``, keyed by the source, compiler, flags, torch version and
+CPU, and reused by later starts. ``unavailable_reason()`` says why it cannot run here (no AVX512-BF16, no
+g++, a failed build); the quantized linears then keep torch's kernel and the worker logs that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils import cpp_extension
+
+from radixrt.config.cache_dir import cache_dir
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Int4Packed", "available", "int4_mm", "pack", "unavailable_reason"]
+
+SOURCE = Path(__file__).parent / "csrc" / "int4_gemm.cpp"
+COMPILER = "g++"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
+#: bf16 pattern 0x4300 | q is 128 + q, so a group's dot product carries 128 * sum(x); with torch's
+#: w = (q - 8) * s + z the zero term the kernel adds is (z - 136 * s) * sum(x).
+CODE_BIAS = 136.0
+
+_lock = threading.Lock()
+_state: dict[str, str | bool] = {}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _library_path(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256()
+    cpu = " ".join(sorted(_cpu_flags())) or platform.processor()
+    for part in (SOURCE.read_text(), version, " ".join(FLAGS), torch.__version__, platform.machine(), cpu):
+        key.update(part.encode())
+        key.update(b"\0")
+    return cache_dir() / "kernels" / f"int4_gemm-{key.hexdigest()[:20]}.so"
+
+
+def _build(cc: str, target: Path) -> None:
+    """Compile into a private temporary file beside ``target``, then rename it into place (atomic)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".so")
+    os.close(fd)
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    cmd = [cc, *FLAGS, abi, *includes, str(SOURCE), "-o", tmp, *libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"compiling {SOURCE.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load() -> None:
+    """Build (if not cached) and load the operator once; records the reason when it cannot run."""
+    if "loaded" in _state or "error" in _state:
+        return
+    with _lock:
+        if "loaded" in _state or "error" in _state:
+            return
+        if "avx512_bf16" not in _cpu_flags():
+            _state["error"] = "the CPU has no AVX512-BF16 (avx512_bf16)"
+            return
+        cc = shutil.which(COMPILER)
+        if cc is None:
+            _state["error"] = f"{COMPILER} is not on PATH"
+            return
+        try:
+            path = _library_path(cc)
+            if not path.is_file():
+                logger.info("compiling radixrt's int4 GEMM kernel (first use here, ~20 s) into %s", path)
+                t0 = time.perf_counter()
+                _build(cc, path)
+                logger.info("compiled the int4 GEMM kernel in %.1f s", time.perf_counter() - t0)
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            _state["error"] = f"building or loading {SOURCE.name} failed: {exc}"
+            return
+        _register_fake()
+        _state["loaded"] = True
+
+
+def _register_fake() -> None:
+    """Shapes for tracing (torch.compile): ``[M, N_pad]`` in x's dtype."""
+
+    @torch.library.register_fake("radixrt_int4::mm")  # type: ignore[misc]
+    def _fake(
+        x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zbs: torch.Tensor, group_size: int
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], codes.shape[1] * 16))
+
+
+def available() -> bool:
+    """Whether the kernel runs here (builds and loads it on the first call)."""
+    _load()
+    return "loaded" in _state
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot run here, or None when it can."""
+    _load()
+    err = _state.get("error")
+    return None if err is None else str(err)
+
+
+class Int4Packed:
+    """One int4 linear's weights in the kernel's layout: ``codes`` uint8 ``[P, N/16, K/4, 32]``, ``scales`` and
+    ``zbs`` (zero - 136 * scale) float32 ``[P, N/16, K/G, 16]``, for ``out_features`` of the padded N."""
+
+    def __init__(
+        self, codes: torch.Tensor, scales: torch.Tensor, zbs: torch.Tensor, group_size: int, out: int
+    ):
+        self.codes, self.scales, self.zbs = codes, scales, zbs
+        self.group_size = group_size
+        self.out_features = out
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.zbs))
+
+
+def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> Int4Packed:
+    """Pack ``w = sum_p (codes_p - 8) * scales_p + zeros_p`` (codes uint8 ``[P, N, K]`` in 0..15; scales and
+    zeros ``[P, N, K / group_size]``) for :func:`int4_mm`. N is padded to 16 with zero weights."""
+    n_planes, n, k = codes.shape
+    if k % 4 or k % group_size or group_size % 16:
+        raise ValueError(f"int4 kernel: K={k} must be a multiple of group_size={group_size}, itself of 16")
+    if scales.shape != (n_planes, n, k // group_size) or zeros.shape != scales.shape:
+        raise ValueError(
+            f"int4 kernel: scales/zeros {tuple(scales.shape)} != {(n_planes, n, k // group_size)}"
+        )
+    pad = (-n) % 16
+    c = F.pad(codes.to(torch.uint8), (0, 0, 0, pad), value=8)
+    s = F.pad(scales.float(), (0, 0, 0, pad))
+    z = F.pad(zeros.float(), (0, 0, 0, pad))
+    nb = (n + pad) // 16
+    quads = c.view(n_planes, nb, 16, k // 4, 4).permute(0, 1, 3, 2, 4)  # [P, NB, K/4, 16 columns, 4 k]
+    packed = (quads[..., 0:2] | (quads[..., 2:4] << 4)).reshape(n_planes, nb, k // 4, 32).contiguous()
+    s_t = s.view(n_planes, nb, 16, -1).permute(0, 1, 3, 2).contiguous()
+    z_t = z.view(n_planes, nb, 16, -1).permute(0, 1, 3, 2)
+    return Int4Packed(packed, s_t, (z_t - CODE_BIAS * s_t).contiguous(), group_size, n)
+
+
+def int4_mm(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:
+    """``x [M, K]`` (bf16, contiguous) times the packed weight: ``[M, out_features]`` bf16."""
+    y = torch.ops.radixrt_int4.mm(x, w.codes, w.scales, w.zbs, w.group_size)
+    return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()
