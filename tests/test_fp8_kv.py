@@ -168,17 +168,23 @@ def run_backend(
 
 
 def fake_fp8(
-    pool: KVPool, dtype: torch.dtype, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+    pool: KVPool,
+    dtype: torch.dtype,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_offset: torch.Tensor | None,
 ) -> None:
-    """Make an fp32 pool store exactly what an fp8 pool with these scales would hand back."""
+    """Make an fp32 pool store exactly what an fp8 pool with these scales would hand back (plus the key
+    offset the fp8 pool subtracts: attention over either is the same, softmax ignores the shift)."""
     original = pool.set_kv
 
     def set_kv(layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         out = []
-        for x, scale in ((k, k_scale), (v, v_scale)):
+        off = 0.0 if k_offset is None else k_offset[layer_id]
+        for x, scale, shift in ((k, k_scale, off), (v, v_scale, 0.0)):
             s = None if scale is None else scale[layer_id]
-            y = dequantize_fp8(quantize_fp8(x, dtype, s))
-            out.append(y if s is None else y * (s if s.dim() == 2 else s[:, None]))
+            y = dequantize_fp8(quantize_fp8(x - shift, dtype, s))
+            out.append((y if s is None else y * (s if s.dim() == 2 else s[:, None])) + shift)
         original(layer_id, loc, out[0], out[1])
 
     pool.set_kv = set_kv  # type: ignore[method-assign]
@@ -195,7 +201,11 @@ def test_engine_equals_fp32_kv_holding_the_fp8_values(
     assert pool.dtype == FP8_DTYPES[kv_cache_dtype] and pool.size_bytes * 4 == ref_pool.size_bytes
     if pool.k_scale is not None:  # calibrated per head, deterministic: a second engine gets the same
         assert torch.equal(pool.k_scale, make_engine_scales(tiny_llama, kv_cache_dtype))
-    ref.worker.call(lambda s: fake_fp8(s.runner.kv_pool, pool.dtype, pool.k_scale, pool.v_scale))
+    ref.worker.call(
+        lambda s: fake_fp8(s.runner.kv_pool, pool.dtype, pool.k_scale, pool.v_scale, pool.k_offset)
+    )
+    if pool.k_offset is not None:  # centred keys: calibrated offsets, not all zero
+        assert pool.k_offset.abs().amax() > 0
     system = prompts_of([60], seed=41)[0]
     prompts = [system + p for p in prompts_of([20, 35, 7], seed=42)]  # shared prefix: cache hits too
     params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}

@@ -2,9 +2,17 @@
 
 The buffers hold the model's dtype, or with ``--kv-cache-dtype fp8_e5m2|fp8_e4m3`` torch's float8 dtypes:
 ``set_kv`` quantizes what it stores (dividing by the scale for e4m3, saturating at the format's largest
-finite value) and attention backends dequantize what they read with ``kv_scales``. e4m3 keys are scaled per
-channel (keys carry outlier channels), values per head. Scales are powers of two, so dividing by one is
-exact and the only rounding is the cast to float8.
+finite value) and attention backends dequantize what they read with ``kv_scales``. e4m3 scales are per head;
+per-channel key scales (``per_channel_k``) are supported (the scale tensors are per channel, the C kernels
+fold them into the query for free) but measured no better on the embedded model: e4m3's relative precision
+is the same at any scale down to its subnormals, and a channel quiet during calibration can saturate later
+(docs/cache.md "FP8 KV"). Scales are powers of two, so dividing by one is exact and the only rounding is
+the cast to float8.
+
+e4m3 keys are also *centred*: the pool stores ``k - k_offset`` (``k_offset``: the per-channel midpoint of the
+calibrated key range, after rotary). Attention needs no correction: a query's scores against every key of a
+sequence shift by the same ``q . k_offset``, which softmax ignores. What changes is the rounding error, which is
+relative to what is stored: keys carry channels with a large common offset, and those lose most precision.
 """
 
 from __future__ import annotations
@@ -59,7 +67,8 @@ class KVPool:
         device: str | torch.device = "cpu",
         store_dtype: torch.dtype | None = None,
         lazy: bool = False,
-        per_channel_k: bool = True,
+        per_channel_k: bool = False,
+        center_k: bool = True,
     ) -> None:
         self.num_slots = num_slots
         self.num_layers = num_layers
@@ -73,9 +82,11 @@ class KVPool:
         self.v_buffers = [make(shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
-        self.per_channel_k = per_channel_k
+        self.per_channel_k, self.center_k = per_channel_k, center_k
+        self.k_offset: torch.Tensor | None = None
         if self.dtype == torch.float8_e4m3fn:
             self.k_scale = torch.ones(num_layers, num_kv_heads, head_dim, device=device)
+            self.k_offset = torch.zeros(num_layers, num_kv_heads, head_dim, device=device)
             self.v_scale = torch.ones(num_layers, num_kv_heads, device=device)
         self._calib: list[torch.Tensor] | None = None
 
@@ -107,30 +118,42 @@ class KVPool:
             self.k_buffers[layer_id][loc] = k.to(self.dtype)
             self.v_buffers[layer_id][loc] = v.to(self.dtype)
             return
-        if self._calib is not None:  # calibrating: record |K| maxima per channel, |V| per head
-            k_amax = k.detach().abs().amax(dim=0).float().cpu()
-            v_amax = v.detach().abs().amax(dim=(0, 2)).float().cpu()
-            amax = torch.cat([k_amax, v_amax[:, None]], dim=1)
+        if self._calib is not None:  # calibrating: record K's max and -min per channel, |V|'s max per head
+            kf = k.detach().float()
+            v_amax = v.detach().abs().amax(dim=(0, 2)).float()
+            amax = torch.cat([kf.amax(dim=0), (-kf).amax(dim=0), v_amax[:, None]], dim=1).cpu()
             self._calib[layer_id] = torch.maximum(self._calib[layer_id], amax)
         scales = self.kv_scales(layer_id)
         ks, vs = (None, None) if scales is None else scales
+        if self.k_offset is not None:
+            k = k.float() - self.k_offset[layer_id]
         self.k_buffers[layer_id][loc] = quantize_fp8(k, self.dtype, ks)
         self.v_buffers[layer_id][loc] = quantize_fp8(v, self.dtype, vs)
 
     # -- e4m3 scales ----------------------------------------------------------------------------
     def begin_calibration(self) -> None:
-        """Record |K| maxima per channel and |V| maxima per head of every ``set_kv`` until
-        ``end_calibration`` (one ``[KVH, D + 1]`` record per layer: K's channels, then V)."""
-        self._calib = [torch.zeros(self.num_kv_heads, self.head_dim + 1) for _ in range(self.num_layers)]
+        """Record K's range per channel and |V|'s maximum per head of every ``set_kv`` until
+        ``end_calibration`` (one ``[KVH, 2 D + 1]`` record per layer: K's maxima, minus its minima, V)."""
+        D = self.head_dim
+        init = torch.cat(
+            [torch.full((self.num_kv_heads, 2 * D), -torch.inf), torch.zeros(self.num_kv_heads, 1)], 1
+        )
+        self._calib = [init.clone() for _ in range(self.num_layers)]
 
     def end_calibration(self) -> None:
-        """Fix the e4m3 scales from the recorded maxima (no-op for other dtypes)."""
+        """Fix the e4m3 key offsets and scales from the recorded ranges (no-op for other dtypes)."""
         calib, self._calib = self._calib, None
-        if calib is None or self.k_scale is None or self.v_scale is None:
+        if calib is None or self.k_scale is None or self.v_scale is None or self.k_offset is None:
             return
-        amax = torch.stack(calib)  # [layers, KVH, D + 1]
+        rec = torch.stack(calib)  # [layers, KVH, 2 D + 1]
         fmax = torch.finfo(self.dtype).max
-        k_amax, v_amax = amax[..., :-1], amax[..., -1]
+        D = self.head_dim
+        k_max, k_neg_min, v_amax = rec[..., :D], rec[..., D : 2 * D], rec[..., -1]
+        if self.center_k:  # the midpoint of each channel's range; what is stored spans +-half the range
+            self.k_offset.copy_((k_max - k_neg_min) / 2)
+            k_amax = (k_max + k_neg_min) / 2
+        else:
+            k_amax = torch.maximum(k_max, k_neg_min)
         head = pow2_scale(k_amax.amax(dim=-1, keepdim=True), fmax)
         k_scale = (
             torch.maximum(pow2_scale(k_amax, fmax), head * K_CHANNEL_FLOOR) if self.per_channel_k else head
@@ -139,10 +162,11 @@ class KVPool:
         self.v_scale.copy_(pow2_scale(v_amax, fmax))
 
     def scales_bytes(self) -> bytes:
-        """The scales' bytes (part of the disk tier's identity: stored values mean nothing without them)."""
-        if self.k_scale is None or self.v_scale is None:
+        """The scales' and key offsets' bytes (part of the disk tier's identity: stored values mean nothing
+        without them)."""
+        if self.k_scale is None or self.v_scale is None or self.k_offset is None:
             return b""
-        return self.k_scale.cpu().numpy().tobytes() + self.v_scale.cpu().numpy().tobytes()
+        return b"".join(t.cpu().numpy().tobytes() for t in (self.k_scale, self.v_scale, self.k_offset))
 
     # -- copies between pools (the tiers) ---------------------------------------------------------
     def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
