@@ -142,7 +142,8 @@ class ServerArgs:
     kv_cache_dtype: str = arg(
         "auto",
         "Storage dtype of the KV pool: auto (the model's dtype), fp8_e5m2, or fp8_e4m3 (with per-head "
-        "power-of-two scales calibrated at start). float8 halves (bf16) or quarters (fp32) KV memory.",
+        "power-of-two scales and centred keys, calibrated at start). float8 halves (bf16) or quarters (fp32) "
+        "KV memory; the CPU attention kernels read it in place.",
         KV_CACHE_DTYPES,
     )
     disable_radix_cache: bool = arg(False, "Disable prefix caching: no request reuses another's KV.")
