@@ -53,22 +53,18 @@ inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_
     const int64_t k0 = g * group_size;
     for (int64_t j = 0; j < quads; ++j) {
       const int64_t k = k0 + 4 * j;
-      __m512i pair0[MB], pair1[MB];
-      for (int i = 0; i < MB; ++i) {
-        int32_t lo_bits, hi_bits;
-        std::memcpy(&lo_bits, x + i * ldx + k, 4);
-        std::memcpy(&hi_bits, x + i * ldx + k + 2, 4);
-        pair0[i] = _mm512_set1_epi32(lo_bits);
-        pair1[i] = _mm512_set1_epi32(hi_bits);
-      }
       for (int c = 0; c < CB; ++c) {
         const uint8_t* src = codes + c * block_code_stride + (g * quads + j) * 32;
         const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
         const __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(w, low_mask), bias);
         const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(w, 4), bias);
         for (int i = 0; i < MB; ++i) {
-          part[i][c] = _mm512_dpbf16_ps(part[i][c], lo, (__m512bh)pair0[i]);
-          part[i][c] = _mm512_dpbf16_ps(part[i][c], hi, (__m512bh)pair1[i]);
+          // x[i, k:k+2] and x[i, k+2:k+4] as bf16 pairs broadcast to every lane (loads, not registers)
+          int32_t lo_bits, hi_bits;
+          std::memcpy(&lo_bits, x + i * ldx + k, 4);
+          std::memcpy(&hi_bits, x + i * ldx + k + 2, 4);
+          part[i][c] = _mm512_dpbf16_ps(part[i][c], lo, (__m512bh)_mm512_set1_epi32(lo_bits));
+          part[i][c] = _mm512_dpbf16_ps(part[i][c], hi, (__m512bh)_mm512_set1_epi32(hi_bits));
         }
       }
     }
@@ -84,7 +80,7 @@ inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_
   }
 }
 
-constexpr int kMaxRows = 8;  // rows of x per pass (the tile and the register budget)
+constexpr int kMaxRows = 8;  // rows of x per pass: 8 chains already keep vdpbf16ps busy
 constexpr int kMaxBlocks = 8;
 
 using BlockFn = void (*)(const uint16_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
