@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from radixrt.kernels.base import ForwardMode
-from radixrt.kernels.fp8 import dequantize_fp8, quantize_fp8
+from radixrt.kernels.fp8 import dequantize_fp8, quantize_fp8, store_e4m3
 from radixrt.kernels.torch_native import TorchNativeBackend
 from radixrt.mem_cache.kv_pool import FP8_DTYPES, KVPool, kv_storage_dtype, pow2_scale
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
@@ -57,6 +57,34 @@ def test_round_trip_bounds_and_saturation(dtype: torch.dtype) -> None:
     step = min_normal * 2.0 ** -(3 if dtype == torch.float8_e4m3fn else 2)
     assert ((b - y).abs() <= step / 2 * s[:, None])[~normal].all()
     assert torch.equal(q.view(torch.uint8), (x / s[:, None]).clamp(-fmax, fmax).to(dtype).view(torch.uint8))
+
+
+@pytest.mark.parametrize("src", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_c_store_is_the_torch_quantization_bitwise(src: torch.dtype) -> None:
+    """The pool's one-call C store (centred, scaled, saturated, rounded to nearest-even) writes exactly the
+    codes of the torch path, ties between codes, subnormals and values past the range included."""
+    g = torch.Generator().manual_seed(3)
+    KVH, D = 2, 16
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    ties = torch.cat([(grid[:-1] + grid[1:]) / 2, -(grid[:-1] + grid[1:]) / 2])  # exact in bf16 too
+    x = torch.cat([torch.randn(3000, generator=g) * s for s in (1e-3, 0.05, 1.0, 30.0, 1e4)])
+    x = torch.cat([ties, x, torch.tensor([1e30, -1e30, 0.0, -0.0])])
+    x = x[: x.numel() // (KVH * D) * KVH * D].view(-1, KVH, D).to(src)
+    k, v = x, x.flip(0)
+    T = k.shape[0]
+    k_scale = torch.exp2(torch.randint(-3, 3, (KVH, D), generator=g).float())
+    k_offset = torch.randn(KVH, D, generator=g).to(src).float() * (torch.arange(D) % 2)  # half the channels 0
+    v_scale = torch.tensor([0.5, 4.0])
+    k_buf = torch.zeros(T + 7, KVH, D, dtype=torch.float8_e4m3fn)
+    v_buf = torch.zeros_like(k_buf)
+    loc = torch.randperm(T + 7, generator=g)[:T]
+    assert store_e4m3(k, v, k_scale, k_offset, v_scale, k_buf, v_buf, loc)
+    want_k = quantize_fp8(k.float() - k_offset, torch.float8_e4m3fn, k_scale)
+    want_v = quantize_fp8(v, torch.float8_e4m3fn, v_scale)
+    assert torch.equal(k_buf[loc].view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(v_buf[loc].view(torch.uint8), want_v.view(torch.uint8))
+    with pytest.raises(IndexError):
+        store_e4m3(k, v, k_scale, k_offset, v_scale, k_buf, v_buf, loc + 100)
 
 
 def test_storage_dtype_names() -> None:

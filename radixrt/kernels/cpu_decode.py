@@ -50,7 +50,7 @@ __all__ = [
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_decode.c"
 # Compiled together into one library; HEADERS only enter the cache key (the sources include them).
-SOURCES = (SOURCE, CSRC / "paged_extend.c")
+SOURCES = (SOURCE, CSRC / "paged_extend.c", CSRC / "kv_store_fp8.c")
 HEADERS = (CSRC / "paged_simd.h", CSRC / "paged_extend.h")
 COMPILER = "gcc"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
@@ -64,6 +64,9 @@ _SYMBOLS = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f3
 # The float8 variants take four more: q_bf16 (the query / output dtype), kv_kind (FP8_KINDS), k_scale, v_scale.
 _FP8_EXTRA = [ctypes.c_int, ctypes.c_int, _P, _P]
 FP8_KINDS = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}  # KV_E4M3, KV_E5M2 of paged_simd.h
+# store_kv_e4m3: k, k_stride, v, v_stride, src_bf16, T, KVH, D, k_scale, k_offset, v_scale, k_buf, v_buf, slots,
+# num_slots -> status (kv_store_fp8.c).
+_STORE_ARGTYPES = [_P, _I64, _P, _I64, ctypes.c_int, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64]
 # The extend kernels: q, q_stride, num_tokens, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
 # qo_indptr, seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads -> status.
 _EXTEND_ARGTYPES = [_P, _I64, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64]
@@ -89,6 +92,7 @@ class Kernels:
     extend: dict[torch.dtype, Kernel]
     decode_fp8: Kernel
     extend_fp8: Kernel
+    store_e4m3: Kernel
 
 
 _lock = threading.Lock()
@@ -173,6 +177,7 @@ def load_library(flags: tuple[str, ...] = FLAGS) -> Kernels:
         extend=bind(_EXTEND_SYMBOLS, _EXTEND_ARGTYPES),
         decode_fp8=bind_one("paged_decode_fp8", _ARGTYPES + _FP8_EXTRA),
         extend_fp8=bind_one("paged_extend_fp8", _EXTEND_ARGTYPES + _FP8_EXTRA),
+        store_e4m3=bind_one("store_kv_e4m3", _STORE_ARGTYPES),
     )
 
 

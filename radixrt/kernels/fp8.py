@@ -34,3 +34,60 @@ def dequantize_fp8(x: torch.Tensor) -> torch.Tensor:
         return (u << 8).view(torch.float16).float()
     assert x.dtype == torch.float8_e4m3fn, x.dtype
     return (((u & 0x7F) << 7) | ((u & 0x80) << 8)).view(torch.float16).float() * 256.0
+
+
+def store_e4m3(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_scale: torch.Tensor,
+    k_offset: torch.Tensor,
+    v_scale: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    loc: torch.Tensor,
+) -> bool:
+    """Store ``quantize_fp8(k - k_offset, e4m3, k_scale)`` and ``quantize_fp8(v, e4m3, v_scale)`` (``k``, ``v``
+    ``[T, KVH, D]`` bf16 or f32; ``k_scale``, ``k_offset`` ``[KVH, D]``, ``v_scale`` ``[KVH]`` float32) at slots
+    ``loc`` of the e4m3 buffers ``[num_slots, KVH, D]`` with the C library; False (nothing stored) where it
+    does not apply: not all on the CPU, another dtype or layout, or no C library here."""
+    from radixrt.kernels import cpu_decode  # NOTE: deferred: loading the library compiles it on first use
+
+    T, KVH, D = k.shape
+    if not (
+        k.is_cpu
+        and k_buf.is_cpu
+        and k.dtype in (torch.bfloat16, torch.float32)
+        and v.dtype == k.dtype
+        and v.shape == k.shape
+        and k.stride()[1:] == (D, 1)
+        and v.stride()[1:] == (D, 1)
+        and k_buf.dtype == torch.float8_e4m3fn
+        and k_buf.is_contiguous()
+        and v_buf.is_contiguous()
+        and loc.dtype == torch.int64
+        and loc.is_contiguous()
+        and loc.shape == (T,)
+        and cpu_decode.available()
+    ):
+        return False
+    ks, ko, vs = (t.float().contiguous() for t in (k_scale, k_offset, v_scale))
+    status = cpu_decode.kernels().store_e4m3(
+        k.data_ptr(),
+        k.stride(0),
+        v.data_ptr(),
+        v.stride(0),
+        int(k.dtype == torch.bfloat16),
+        T,
+        KVH,
+        D,
+        ks.data_ptr(),
+        ko.data_ptr(),
+        vs.data_ptr(),
+        k_buf.data_ptr(),
+        v_buf.data_ptr(),
+        loc.data_ptr(),
+        k_buf.shape[0],
+    )
+    if status:
+        raise IndexError("store_e4m3: a slot of loc is outside the pool")
+    return True
