@@ -76,11 +76,13 @@ def test_bad_inputs_are_refused() -> None:
     p = int4_gemm.pack(codes, scales, zeros, 32)
     op = torch.ops.radixrt_int4.mm
     with pytest.raises(RuntimeError, match="bfloat16"):
-        op(torch.randn(2, 64), p.codes, p.scales, p.zbs, 32)
+        op(torch.randn(2, 64), p.codes, p.sz, 32)
     with pytest.raises(RuntimeError, match="K and the group size"):
-        op(torch.randn(2, 128).bfloat16(), p.codes, p.scales, p.zbs, 32)
+        op(torch.randn(2, 128).bfloat16(), p.codes, p.sz, 32)
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        op(torch.randn(2, 64).bfloat16(), p.codes, p.scales, p.zbs, 24)
+        op(torch.randn(2, 64).bfloat16(), p.codes, p.sz, 24)
+    with pytest.raises(RuntimeError, match="sz must be"):
+        op(torch.randn(2, 64).bfloat16(), p.codes, p.sz.float(), 32)
     with pytest.raises(ValueError, match="group_size"):
         int4_gemm.pack(codes[:, :, :40], scales, zeros, 32)
 

@@ -40,9 +40,6 @@ __all__ = ["Int4Packed", "available", "int4_mm", "pack", "unavailable_reason"]
 SOURCE = Path(__file__).parent / "csrc" / "int4_gemm.cpp"
 COMPILER = "g++"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
-#: bf16 pattern 0x4300 | q is 128 + q, so a group's dot product carries 128 * sum(x); with torch's
-#: w = (q - 8) * s + z the zero term the kernel adds is (z - 136 * s) * sum(x).
-CODE_BIAS = 136.0
 
 _lock = threading.Lock()
 _state: dict[str, str | bool] = {}
@@ -124,9 +121,7 @@ def _register_fake() -> None:
     """Shapes for tracing (torch.compile): ``[M, N_pad]`` in x's dtype."""
 
     @torch.library.register_fake("radixrt_int4::mm")  # type: ignore[misc]
-    def _fake(
-        x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zbs: torch.Tensor, group_size: int
-    ) -> torch.Tensor:
+    def _fake(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], codes.shape[1] * 16))
 
 
@@ -144,23 +139,23 @@ def unavailable_reason() -> str | None:
 
 
 class Int4Packed:
-    """One int4 linear's weights in the kernel's layout: ``codes`` uint8 ``[P, N/16, K/4, 32]``, ``scales`` and
-    ``zbs`` (zero - 136 * scale) float32 ``[P, N/16, K/G, 16]``, for ``out_features`` of the padded N."""
+    """One int4 linear's weights in the kernel's layout: ``codes`` uint8 ``[P, N/16, K/4, 32]`` and ``sz`` bf16
+    ``[P, N/16, K/G, 2, 16]`` (per group, the 16 columns' scales then zeros), for ``out_features`` of the
+    padded N."""
 
-    def __init__(
-        self, codes: torch.Tensor, scales: torch.Tensor, zbs: torch.Tensor, group_size: int, out: int
-    ):
-        self.codes, self.scales, self.zbs = codes, scales, zbs
+    def __init__(self, codes: torch.Tensor, sz: torch.Tensor, group_size: int, out: int) -> None:
+        self.codes, self.sz = codes, sz
         self.group_size = group_size
         self.out_features = out
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.zbs))
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.sz))
 
 
 def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> Int4Packed:
     """Pack ``w = sum_p (codes_p - 8) * scales_p + zeros_p`` (codes uint8 ``[P, N, K]`` in 0..15; scales and
-    zeros ``[P, N, K / group_size]``) for :func:`int4_mm`. N is padded to 16 with zero weights."""
+    zeros ``[P, N, K / group_size]``, rounded to bf16) for :func:`int4_mm`. N is padded to 16 with zero
+    weights."""
     n_planes, n, k = codes.shape
     if k % 4 or k % group_size or group_size % 16:
         raise ValueError(f"int4 kernel: K={k} must be a multiple of group_size={group_size}, itself of 16")
@@ -170,17 +165,15 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_s
         )
     pad = (-n) % 16
     c = F.pad(codes.to(torch.uint8), (0, 0, 0, pad), value=8)
-    s = F.pad(scales.float(), (0, 0, 0, pad))
-    z = F.pad(zeros.float(), (0, 0, 0, pad))
     nb = (n + pad) // 16
     quads = c.view(n_planes, nb, 16, k // 4, 4).permute(0, 1, 3, 2, 4)  # [P, NB, K/4, 16 columns, 4 k]
     packed = (quads[..., 0:2] | (quads[..., 2:4] << 4)).reshape(n_planes, nb, k // 4, 32).contiguous()
-    s_t = s.view(n_planes, nb, 16, -1).permute(0, 1, 3, 2).contiguous()
-    z_t = z.view(n_planes, nb, 16, -1).permute(0, 1, 3, 2)
-    return Int4Packed(packed, s_t, (z_t - CODE_BIAS * s_t).contiguous(), group_size, n)
+    sz = torch.stack([F.pad(scales.float(), (0, 0, 0, pad)), F.pad(zeros.float(), (0, 0, 0, pad))], -1)
+    sz = sz.view(n_planes, nb, 16, k // group_size, 2).permute(0, 1, 3, 4, 2)  # [P, NB, G, 2, 16]
+    return Int4Packed(packed, sz.to(torch.bfloat16).contiguous(), group_size, n)
 
 
 def int4_mm(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:
     """``x [M, K]`` (bf16, contiguous) times the packed weight: ``[M, out_features]`` bf16."""
-    y = torch.ops.radixrt_int4.mm(x, w.codes, w.scales, w.zbs, w.group_size)
+    y = torch.ops.radixrt_int4.mm(x, w.codes, w.sz, w.group_size)
     return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()

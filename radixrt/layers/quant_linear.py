@@ -244,8 +244,7 @@ class Int4Linear(QuantLinearBase):
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
     i4_codes: torch.Tensor | None  # radixrt's kernel layout (use_radixrt_kernel), else None
-    i4_scales: torch.Tensor | None
-    i4_zbs: torch.Tensor | None
+    i4_sz: torch.Tensor | None
 
     def __init__(
         self,
@@ -286,7 +285,7 @@ class Int4Linear(QuantLinearBase):
         self.register_buffer("packed", packed)  # [P, N_pad, in / 2] uint8, CPU-layout specific
         # [P, in / group, N_pad, 2] as the kernel wants it
         self.register_buffer("scales_and_zeros", sz.transpose(1, 2).to(self.storage_dtype).contiguous())
-        for name in ("i4_codes", "i4_scales", "i4_zbs"):
+        for name in ("i4_codes", "i4_sz"):
             self.register_buffer(name, None, persistent=False)
 
     @classmethod
@@ -315,13 +314,12 @@ class Int4Linear(QuantLinearBase):
         sz = self.scales_and_zeros.to(dtype).float()[:, :, : self.out_features]  # [P, K/G, N, 2]
         w = pack(self.codes(), sz[..., 0].transpose(1, 2), sz[..., 1].transpose(1, 2), self.group_size)
         self.register_buffer("i4_codes", w.codes, persistent=False)
-        self.register_buffer("i4_scales", w.scales, persistent=False)
-        self.register_buffer("i4_zbs", w.zbs, persistent=False)
+        self.register_buffer("i4_sz", w.sz, persistent=False)
         return w.nbytes()
 
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.i4_codes is not None and dtype == torch.bfloat16:
-            y = torch.ops.radixrt_int4.mm(x2, self.i4_codes, self.i4_scales, self.i4_zbs, self.group_size)
+            y = torch.ops.radixrt_int4.mm(x2, self.i4_codes, self.i4_sz, self.group_size)
             return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()
         sz = self._as("scales_and_zeros", self.scales_and_zeros, dtype)
         y = torch._weight_int4pack_mm_for_cpu(x2, self.packed[0], self.group_size, sz[0])

@@ -11,14 +11,15 @@
 // The code -> bf16 step is one OR: the 16-bit pattern 0x4300 | q is the bf16 value 128 + q exactly, so a
 // group's partial sum is dot = sum_k x[k] * (128 + q[k]) and its contribution
 //     s * (dot - 136 * sx) + z * sx = s * dot + (z - 136 * s) * sx,   sx = sum_k x[k]  (fp32),
-// where the packer stores zb = z - 136 * s. Every product is exact in fp32 (8-bit by 8-bit significands);
+// with zb = z - 136 * s formed in fp32 per group. Every product is exact in fp32 (8-bit by 8-bit significands);
 // the result differs from an fp32 matmul by the dequantized weight only in rounding order (tested).
 //
 // Packed layout (radixrt/kernels/int4_gemm.py: pack): for plane p, column block b (16 columns) and input
 // quad j (4 consecutive k), 32 bytes; byte w = 2 * c + t holds column 16 b + c: its low nibble the code at
 // k = 4 j + t, its high nibble the code at k = 4 j + 2 + t. One vpmovzxbw of the 32 bytes gives, after an
 // AND or a shift, 16 lanes of (k, k+1) bf16 pairs, the operand vdpbf16ps pairs with x[m, k:k+2].
-// Scales and zbs: float [P, N / 16, K / G, 16].
+// Scales and zeros: bf16 [P, N / 16, K / G, 2, 16] (the block's 16 scales, then its 16 zeros: one 64-byte
+// line per group), the values torch's kernel dequantizes with in bf16; 0.625 bytes a weight in all.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -35,14 +36,19 @@
 
 namespace {
 
+inline __m512 bf16x16_to_f32(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
 // Rows [0, MB) of x (row stride ldx, bf16 bits) against CB consecutive 16-column blocks, accumulating into
 // the fp32 tile acc[MB][CB * 16] (zeroed by the caller). Every (row, block) pair has its own partial-sum
 // register for the current group, so MB * CB independent vdpbf16ps chains hide the instruction's latency;
 // the group's scale and zero are applied into the tile (in L1) once per group.
 template <int MB, int CB>
 inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_t groups,
-                         const uint8_t* codes, int64_t block_code_stride, const float* scales,
-                         const float* zbs, int64_t block_scale_stride, int64_t group_size, float* acc) {
+                         const uint8_t* codes, int64_t block_code_stride, const uint16_t* sz,
+                         int64_t block_sz_stride, int64_t group_size, float* acc) {
   const __m512i low_mask = _mm512_set1_epi16(0x000F);
   const __m512i bias = _mm512_set1_epi16(0x4300);
   const int64_t quads = group_size / 4;
@@ -69,8 +75,9 @@ inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_
       }
     }
     for (int c = 0; c < CB; ++c) {
-      const __m512 s = _mm512_loadu_ps(scales + c * block_scale_stride + g * 16);
-      const __m512 zb = _mm512_loadu_ps(zbs + c * block_scale_stride + g * 16);
+      const uint16_t* line = sz + c * block_sz_stride + g * 32;
+      const __m512 s = bf16x16_to_f32(line);
+      const __m512 zb = _mm512_fnmadd_ps(_mm512_set1_ps(136.f), s, bf16x16_to_f32(line + 16));
       for (int i = 0; i < MB; ++i) {
         float* dst = acc + i * CB * 16 + c * 16;
         __m512 a = _mm512_fmadd_ps(part[i][c], s, _mm512_loadu_ps(dst));
@@ -84,7 +91,7 @@ constexpr int kMaxRows = 8;  // rows of x per pass: 8 chains already keep vdpbf1
 constexpr int kMaxBlocks = 8;
 
 using BlockFn = void (*)(const uint16_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
-                         const float*, const float*, int64_t, int64_t, float*);
+                         const uint16_t*, int64_t, int64_t, float*);
 
 // Column blocks per pass of `rows` rows: enough (row, block) chains to cover vdpbf16ps latency within the 32
 // vector registers (parts rows * blocks, the x pairs 2 * rows, the weight operands).
@@ -104,24 +111,21 @@ BlockFn kernel_for(int rows, bool wide) {
   }
 }
 
-at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                   const at::Tensor& zbs, int64_t group_size) {
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sz, int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "radixrt_int4::mm: x must be a contiguous 2-D bfloat16 tensor");
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
                   codes.size(3) == 32,
               "radixrt_int4::mm: codes must be contiguous uint8 [P, N/16, K/4, 32]");
-  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
-                  scales.size(3) == 16 && zbs.sizes() == scales.sizes() &&
-                  zbs.scalar_type() == at::kFloat && zbs.is_contiguous(),
-              "radixrt_int4::mm: scales and zbs must be contiguous float32 [P, N/16, K/G, 16]");
+  TORCH_CHECK(sz.dim() == 5 && sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.size(3) == 2 &&
+                  sz.size(4) == 16,
+              "radixrt_int4::mm: sz must be contiguous bfloat16 [P, N/16, K/G, 2, 16]");
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t planes = codes.size(0), nblocks = codes.size(1);
   TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && k % group_size == 0,
               "radixrt_int4::mm: group_size must be a multiple of 16 dividing K");
   const int64_t groups = k / group_size;
-  TORCH_CHECK(codes.size(2) * 4 == k && scales.size(0) == planes && scales.size(1) == nblocks &&
-                  scales.size(2) == groups,
+  TORCH_CHECK(codes.size(2) * 4 == k && sz.size(0) == planes && sz.size(1) == nblocks && sz.size(2) == groups,
               "radixrt_int4::mm: codes / scales do not match x's K and the group size");
   const int64_t n = nblocks * 16;
   at::Tensor out = at::empty({m, n}, x.options());
@@ -135,18 +139,16 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
       const uint16_t* xg = xp + r * k + g * group_size;
       __m512 acc = _mm512_setzero_ps();
       for (int64_t t = 0; t < group_size; t += 16) {
-        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + t)));
-        acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+        acc = _mm512_add_ps(acc, bf16x16_to_f32(xg + t));
       }
       sx[r * groups + g] = _mm512_reduce_add_ps(acc);
     }
   }
   const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* zp = zbs.data_ptr<float>();
+  const uint16_t* szp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int64_t block_code_stride = (k / 4) * 32;
-  const int64_t block_scale_stride = groups * 16;
+  const int64_t block_sz_stride = groups * 32;
   const int rows_per_pass = static_cast<int>(std::min<int64_t>(kMaxRows, m));
   const int cb = blocks_for_rows(rows_per_pass);
   const int64_t supers = (nblocks + cb - 1) / cb;
@@ -167,9 +169,9 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
         std::memset(tile, 0, sizeof(float) * rows * pass_cb * 16);
         for (int64_t p = 0; p < planes; ++p) {
           const int64_t code_off = (p * nblocks + bb) * block_code_stride;
-          const int64_t scale_off = (p * nblocks + bb) * block_scale_stride;
+          const int64_t sz_off = (p * nblocks + bb) * block_sz_stride;
           fn(xp + r0 * k, k, sx.data() + r0 * groups, groups, cp + code_off, block_code_stride,
-             sp + scale_off, zp + scale_off, block_scale_stride, group_size, tile);
+             szp + sz_off, block_sz_stride, group_size, tile);
         }
         for (int i = 0; i < rows; ++i) {
           for (int c = 0; c < pass_cb; ++c) {
@@ -186,7 +188,7 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 }  // namespace
 
 TORCH_LIBRARY(radixrt_int4, m) {
-  m.def("mm(Tensor x, Tensor codes, Tensor scales, Tensor zbs, int group_size) -> Tensor");
+  m.def("mm(Tensor x, Tensor codes, Tensor sz, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) { m.impl("mm", &int4_mm); }
