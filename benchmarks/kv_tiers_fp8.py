@@ -18,8 +18,10 @@ tier benchmark's results and docs.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -90,6 +92,8 @@ def fp8_quality(
     modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     """The quality figures of every mode (``modes[0]`` is the reference, bf16 KV) and decode speeds."""
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    load = os.getloadavg()[0]
     rows: dict[str, dict[str, Any]] = {}
     ref_cont: list[list[int]] = []
     ref_text_lp: list[float] = []
@@ -180,8 +184,8 @@ def fp8_quality(
                 "met": speed >= TARGET_SPEED,
             }
     return {"model": "embedded SmolLM2-135M-Instruct (bf16)", "prompts": n_prompts, "new_tokens": NEW_TOKENS,
-            "texts": n_texts, "text_tokens": TEXT_TOKENS, "decode_steps": DECODE_STEPS, "modes": rows,
-            "targets": targets}  # fmt: skip
+            "texts": n_texts, "text_tokens": TEXT_TOKENS, "decode_steps": DECODE_STEPS, "data": data.name, "date": started,
+            "load_avg_at_start": load, "modes": rows, "targets": targets}  # fmt: skip
 
 
 def _ints(text: str) -> tuple[int, ...]:

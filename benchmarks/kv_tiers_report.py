@@ -62,10 +62,23 @@ def quality_table(result: dict[str, Any]) -> str:
             "bf16 (auto)" if mode == "auto" else mode, str(r["kv_bytes_per_token"]),
             f"{r['greedy_agreement']:.3f} ({r['identical']})", f"{r['teacher_forced_agreement']:.3f}",
             f"{r['chat_mean_abs_dlogprob']:.4f}", f"{r['perplexity']:.3f}", f"{100 * r['perplexity_vs_bf16']:+.2f}%",
-            f"{r['text_mean_abs_dlogprob']:.4f}", f"{r['decode_tok_s']:.1f}",
+            f"{r['text_mean_abs_dlogprob']:.4f}",
         ])  # fmt: skip
     head = ["KV", "bytes/token", "greedy agreement (identical)", "teacher-forced top-1", "chat mean abs dlogprob",
-            "perplexity", "vs bf16", "text mean abs dlogprob", "decode tok/s (b1, 1k ctx)"]  # fmt: skip
+            "perplexity", "vs bf16", "text mean abs dlogprob"]  # fmt: skip
+    return format_table(head, rows)
+
+
+def speed_table(result: dict[str, Any]) -> str:
+    """Decode tok/s per KV dtype at each (batch, context), with the ratio to bf16 KV."""
+    modes = result["fp8_quality"]["modes"]
+    keys = list(next(iter(modes.values())).get("decode_tok_s", {}))
+    rows = []
+    for key in keys:
+        b, c = key.removeprefix("b").split("_ctx")
+        cells = [f"{r['decode_tok_s'][key]:.1f} ({r['decode_vs_bf16'][key]:.2f}x)" for r in modes.values()]
+        rows.append([b, c, *cells])
+    head = ["batch", "context", *("bf16 (auto)" if m == "auto" else m for m in modes)]
     return format_table(head, rows)
 
 
@@ -99,13 +112,17 @@ def update_readme(result: dict[str, Any]) -> None:
                   f"({cap['budget_over_ws_bf16']:.2f} of the working set in bf16):", "", capacity_table(result)]  # fmt: skip
     if "fp8_quality" in result:
         q = result["fp8_quality"]
+        when = f" ({q['date']}, load {q['load_avg_at_start']:.1f} at start)" if "date" in q else ""
         parts += ["", f"FP8 quality, {q['model']}: {q['prompts']} chat prompts x {q['new_tokens']} greedy tokens, "
-                  f"perplexity on {q['texts']} ReAct texts x {q['text_tokens']} tokens:", "", quality_table(result), "",
+                  f"perplexity on {q['texts']} ReAct texts x {q['text_tokens']} tokens; `python -m benchmarks.kv_tiers "
+                  f"--quality-only --data {q.get('data', '...')} --readme`{when}:", "", quality_table(result), "",
                   "Greedy agreement is the share of tokens before the first divergence from bf16 KV (as in "
                   "`model_quality.py`, where bf16 vs fp32 *weights* score 0.202 on this model); teacher-forced: "
                   "bf16 KV's continuation as the prompt, the share of positions where the argmax is its token "
-                  "(bf16 KV itself scores below 1: prefill and decode round differently). fp8 decodes through "
-                  "torch_native's gather path (the C kernel reads fp32 / bf16 only)."]  # fmt: skip
+                  "(bf16 KV itself scores below 1: prefill and decode round differently).", "",
+                  f"Decode tok/s (aggregate over the batch; {q.get('decode_steps', 32)} steps, best of 3 interleaved "
+                  "rounds; a batch shares its cached context and differs in the last token), vs bf16 KV; the C "
+                  "kernels read the float8 codes in place:", "", speed_table(result)]  # fmt: skip
     parts += ["", "Targets:", "", targets_table(result)]
     update_readme_section("kv_tiers", "\n".join(parts))
 
@@ -117,6 +134,8 @@ def print_summary(result: dict[str, Any]) -> None:
         print(capacity_table(result))
     if "fp8_quality" in result:
         print(quality_table(result))
+        if "decode_tok_s" in next(iter(result["fp8_quality"]["modes"].values())):
+            print(speed_table(result))
     print(targets_table(result))
 
 
