@@ -32,8 +32,10 @@
  * Items run under OpenMP dynamic scheduling, the costliest first; qb shrinks when there are too few items
  * to keep every thread busy.
  *
- * Float8 K/V (paged_extend_fp8): e4m3fn / e5m2 codes are widened exactly to fp32 as the tiles are packed
- * and the fp32 GEMMs run (also for a bf16 query); the K scales multiply the queries, the V scale the output.
+ * Float8 K/V (paged_extend_fp8): e4m3fn / e5m2 codes are widened exactly as the tiles are packed: to bf16
+ * for a bf16 query on the AVX512-BF16 path (then exactly as bf16 K/V, P rounded to bf16; the K scales,
+ * powers of two, multiply the bf16 query exactly), else to fp32 for the fp32 GEMMs; the V scale multiplies
+ * the output.
  *
  * Returns 0 on success, 1 for inconsistent qo_indptr / seq_lens (see paged_extend below), 2 if a slot is
  * out of [0, num_slots) (its K/V read as zeros; the output is then unspecified), 3 when out of memory.
@@ -310,6 +312,13 @@ static void load_queries(const job_t* job, const item_t* it, scratch_t ws, int64
         if (pairs) {
             memcpy(dst, src, (size_t)D * 2);
             if (D & 1) ((uint16_t*)dst)[D] = 0;
+            if (job->k_scale) /* times powers of two: exact in bf16 */
+                for (int64_t d = 0; d < D; d++) {
+                    const float x = bf16_to_f32(((const uint16_t*)dst)[d]) * job->k_scale[it->h * D + d];
+                    uint32_t u;
+                    memcpy(&u, &x, sizeof u);
+                    ((uint16_t*)dst)[d] = (uint16_t)(u >> 16);
+                }
         } else {
             load_row_f32(dst, src, D, D, job->bf16 ? KV_BF16 : KV_F32);
             const float* ks = job->k_scale ? job->k_scale + it->h * D : NULL;
@@ -321,7 +330,7 @@ static void load_queries(const job_t* job, const item_t* it, scratch_t ws, int64
 static void run_item(job_t* job, const item_t* it) {
     const int64_t D = job->D, G = job->H / job->KVH, W = round_up(D, VL);
     const int64_t R = it->nq * G, Rp = round_up(R, RB);
-    const int pairs = USE_DPBF16 && job->kt == KV_BF16;
+    const int pairs = USE_DPBF16 && job->bf16 && job->kt != KV_F32;
     const int64_t qs = pairs ? (D + 1) / 2 : D; /* 32-bit elements per query row */
     const int64_t KW = pairs ? round_up((D + 1) / 2, VL) : W;
     const int64_t rows = round_up(job->qb * G, RB);

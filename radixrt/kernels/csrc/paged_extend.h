@@ -122,6 +122,24 @@ static inline vh32 load_bf16x32(const char* src, int64_t d, int64_t D) {
     return x;
 }
 
+/* dst[0, D) = the D float8 codes (kind kt) at src as bf16 bit patterns (exact: every e4m3 / e5m2 value is a
+ * bf16 value). */
+static inline void fp8_row_to_bf16(uint16_t* restrict dst, const char* restrict src, int64_t D, int kt) {
+    for (int64_t d = 0; d < D; d += 32) {
+        char tmp[32] = {0};
+        const char* p = src + d;
+        if (D - d < 32) p = memcpy(tmp, src + d, (size_t)(D - d));
+        vf x[2];
+        fp8x32_to_f32(p, kt, &x[0], &x[1]);
+        uint16_t w[32];
+        for (int i = 0; i < 2; i++) {
+            const vu hi = round_bf16_high(x[i]) >> 16;
+            for (int t = 0; t < VL; t++) w[i * VL + t] = (uint16_t)hi[t];
+        }
+        memcpy(dst + d, w, (size_t)(D - d < 32 ? D - d : 32) * 2);
+    }
+}
+
 /* V rows 2i and 2i + 1 of the tile interleaved as bf16 pairs: word d of pair row i (vp[i * W + d]) holds
  * v[2i][d] in its low half and v[2i + 1][d] in its high half (NULL rows are zeros). */
 static void pack_v_pairs(const char* const* vrow, int64_t D, float* vp_out) {
@@ -161,7 +179,8 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
         }
     }
     /* rows of whole vectors are transposed straight from the pool, others staged (widened, padded) first */
-    const int direct = pairs ? D % 32 == 0 : job->kt == KV_F32 && D % VL == 0;
+    const int fp8 = job->kt == KV_E4M3 || job->kt == KV_E5M2;
+    const int direct = pairs ? !fp8 && D % 32 == 0 : job->kt == KV_F32 && D % VL == 0;
     if (!direct)
         for (int64_t j = 0; j < BK; j++) {
             float* dst = ws.stage + j * KW;
@@ -170,7 +189,8 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
                 continue;
             }
             memset(dst, 0, (size_t)KW * 4);
-            if (krow[j]) memcpy(dst, krow[j], (size_t)row_bytes);
+            if (krow[j] && fp8) fp8_row_to_bf16((uint16_t*)dst, krow[j], D, job->kt);
+            else if (krow[j]) memcpy(dst, krow[j], (size_t)row_bytes);
         }
     for (int64_t jb = 0; jb < NKV; jb++)
         for (int64_t db = 0; db < KW; db += VL) {
@@ -184,6 +204,14 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
             transpose16(r);
             for (int i = 0; i < 16; i++) ws.kt[(db + i) * NKV + jb] = r[i];
         }
+    if (pairs && fp8) { /* V rows as bf16 in the stage (free again: K is transposed), then paired */
+        uint16_t* staged = (uint16_t*)ws.stage;
+        for (int64_t j = 0; j < BK; j++) {
+            if (!vrow[j]) continue;
+            fp8_row_to_bf16(staged + j * D, vrow[j], D, job->kt);
+            vrow[j] = (const char*)(staged + j * D);
+        }
+    }
     if (pairs)
         pack_v_pairs(vrow, D, ws.vp);
     else
