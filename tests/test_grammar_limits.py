@@ -134,6 +134,31 @@ def test_bounded_string_grammar_is_exactly_json(backend: GrammarBackend) -> None
         assert accepted == valid, (text, accepted, valid)
 
 
+def test_bounded_string_rejects_encoded_surrogates(backend: GrammarBackend) -> None:
+    """xgrammar 0.2.9's character classes match a surrogate code point encoded as 3 bytes (ED A0 80), which is
+    not UTF-8 and decodes to three U+FFFD: one grammar character, three decoded ones, so maxLength broke
+    (a tool call's 14-character name against maxLength 12). Real multi-byte characters still count as one."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 2}}, "required": ["s"]}
+    key: GrammarKey = ("json", json.dumps(schema))
+    backend.submit(key)
+    assert isinstance(settle(backend, key, "default"), GrammarState)
+    cases = {b"\xed\xa0\x80": False, b"a\xed\xbf\xbf": False, b"\xed\x9f\xbf": True, b"\xee\x80\x80a": True,
+             "é😀".encode(): True}  # fmt: skip
+    for content, expected in cases.items():
+        text = b'{"s": "' + content + b'"}'
+        try:
+            valid = len(json.loads(text.decode("utf-8"))["s"]) <= 2
+        except UnicodeDecodeError:
+            valid = False
+        assert valid == expected, content  # the oracle agrees with the table
+        state = backend.poll(key)
+        assert isinstance(state, GrammarState)
+        accepted = state.matcher.accept_string(text) and state.matcher.accept_token(
+            backend.info.stop_token_ids[0]
+        )
+        assert accepted == expected, (text, accepted)
+
+
 # -- 2. bounded cache and grammar size ------------------------------------------------------------
 def test_cache_is_lru_by_bytes(backend: GrammarBackend) -> None:
     compiled = backend.compiler.compile_regex("[a-z]{1,40}")

@@ -5,7 +5,8 @@ repeated ``{min, max}``: no escape branch and raw control characters U+0000-U+00
 output fails a strict JSON parser. We take xgrammar's EBNF for the schema and replace each such rule
 with one JSON unit: a non-control, non-quote, non-backslash character, or an escape sequence. An
 escape decodes to exactly one character, so ``{min, max}`` still counts decoded characters; UTF-16
-surrogate escapes (``\\uD800``-``\\uDFFF``) are left out, because a pair decodes to one character.
+surrogate escapes (``\\uD800``-``\\uDFFF``) are left out, because a pair decodes to one character, and so
+are raw surrogate code points, which are not UTF-8.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import xgrammar as xgr
 # The rule body xgrammar 0.2.9 prints for one character of a length-bounded string.
 _BOUNDED_CHAR_RULE = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
 ESCAPE_RULE = "radixrt_json_escape"
-_JSON_UNIT = r'(([^\0-\x1f\"\\]) | ("\\" ' + ESCAPE_RULE + "))"
+# Surrogates (U+D800-U+DFFF) are excluded too: xgrammar's character classes match them, encoded as three
+# bytes that are not UTF-8 (ED A0 80 ...), so one "character" decodes to three U+FFFD and breaks maxLength.
+_JSON_UNIT = r'(([^\0-\x1f\"\\\uD800-\uDFFF]) | ("\\" ' + ESCAPE_RULE + "))"
 _HEX = "[0-9a-fA-F]"
 _ESCAPE_DEF = (
     f'{ESCAPE_RULE} ::= [\\"\\\\/bfnrt] | "u" [0-9a-cA-CeEfF] {_HEX} {_HEX} {_HEX}'
