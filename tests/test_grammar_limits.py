@@ -111,12 +111,15 @@ def test_bounded_strings_parse_strictly_and_validate(engine) -> None:
 # quote or backslash, a bad escape), of the right decoded length and not.
 CONTENTS = ["ab", "a\\\\b", 'a\\"b', "a\\nb", "\\u0041b", "a\\u0001", "a\\tb", "é€😀", "\\/\\/"]
 CONTENTS += ["a\nb", "a\x01b", "a\tb", "abcdef", "a", 'a"b', "a\\b", "a\\q", "a\\u12"]
+CONTENTS += ["", "\x01", "\\n", "\\u00e9", "é", '"', "\\"]
 
 
-def test_bounded_string_grammar_is_exactly_json(backend: GrammarBackend) -> None:
+@pytest.mark.parametrize(("lo", "hi"), [(2, 5), (0, 1), (1, 1)])
+def test_bounded_string_grammar_is_exactly_json(backend: GrammarBackend, lo: int, hi: int) -> None:
     """Grammar-level oracle: the repaired grammar accepts a bounded string iff strict JSON decodes it
-    to 2..5 characters."""
-    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 5}}}
+    to lo..hi characters (xgrammar prints the one-character bounds inline, not as a rule)."""
+    bounds = {"maxLength": hi} | ({"minLength": lo} if lo else {})
+    schema = {"type": "object", "properties": {"s": {"type": "string", **bounds}}}
     key: GrammarKey = ("json", json.dumps({**schema, "required": ["s"]}))
     backend.submit(key)
     assert isinstance(settle(backend, key, "default"), GrammarState)
@@ -128,7 +131,7 @@ def test_bounded_string_grammar_is_exactly_json(backend: GrammarBackend) -> None
             backend.info.stop_token_ids[0]
         )
         try:
-            valid = 2 <= len(json.loads(text)["s"]) <= 5
+            valid = lo <= len(json.loads(text)["s"]) <= hi
         except json.JSONDecodeError:
             valid = False
         assert accepted == valid, (text, accepted, valid)

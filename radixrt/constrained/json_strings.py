@@ -17,6 +17,8 @@ import xgrammar as xgr
 
 # The rule body xgrammar 0.2.9 prints for one character of a length-bounded string.
 _BOUNDED_CHAR_RULE = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+# The same class inline (not inside xgrammar's unbounded basic_string_sub, whose class starts [^\0-\x1f).
+_INLINE_CHAR = re.compile(r'\[\^\\"\\\\\\r\\n\]')
 ESCAPE_RULE = "radixrt_json_escape"
 # Surrogates (U+D800-U+DFFF) are excluded too: xgrammar's character classes match them, encoded as three
 # bytes that are not UTF-8 (ED A0 80 ...), so one "character" decodes to three U+FFFD and breaks maxLength.
@@ -30,9 +32,12 @@ _ESCAPE_DEF = (
 
 def repair_bounded_strings(ebnf: str) -> str:
     """``ebnf`` (xgrammar's printout of a JSON schema grammar) with every bounded-string character
-    rule made JSON-correct; unchanged when it has none."""
+    made JSON-correct; unchanged when it has none. Besides the rule form above, a string of at most one
+    character prints the class inline (``root_1 ::= ("" | ([^\"\\\r\n]))``, or ``"\"" [^\"\\\r\n] "\""`` for
+    exactly one), so the class is also replaced where it stands alone."""
     fixed, count = _BOUNDED_CHAR_RULE.subn(lambda m: f"{m.group(1)} ::= {_JSON_UNIT}", ebnf)
-    if count == 0:
+    fixed, inline = _INLINE_CHAR.subn(lambda _: _JSON_UNIT, fixed)
+    if count + inline == 0:
         return ebnf
     return f"{fixed.rstrip()}\n{_ESCAPE_DEF}\n"
 
