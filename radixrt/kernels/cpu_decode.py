@@ -19,11 +19,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +31,7 @@ from pathlib import Path
 import torch
 
 from radixrt.config.cache_dir import cache_dir
+from radixrt.kernels.native_build import compile_atomically, cpu_signature
 
 logger = logging.getLogger(__name__)
 
@@ -100,45 +99,25 @@ _kernels: Kernels | None = None
 _error: str | None = None
 
 
-def _cpu_signature() -> str:
-    """What ``-march=native`` depends on: the CPU model and flags (the cache dir may be shared)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = {ln for ln in f if ln.startswith(("model name", "flags"))}
-        return "".join(sorted(lines))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
 def library_path(cc: str | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
     """Where the compiled library for this source, compiler (default: gcc on PATH), flags and CPU lives."""
     cc = cc or shutil.which(COMPILER) or COMPILER
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256()
     texts = [p.read_text() for p in (*SOURCES, *HEADERS)]
-    for part in (*texts, version, " ".join(flags), platform.machine(), _cpu_signature()):
+    for part in (*texts, version, " ".join(flags), platform.machine(), cpu_signature()):
         key.update(part.encode())
         key.update(b"\0")
     return cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:20]}.so"
 
 
 def _build(cc: str, flags: tuple[str, ...], target: Path) -> None:
-    """Compile into a private temporary file beside ``target``, then rename it into place (atomic)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".so")
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            names = " ".join(map(str, SOURCES))
-            raise CpuDecodeUnavailable(
-                f"compiling {names} failed ({cc} {' '.join(flags)}, exit {proc.returncode}):\n{proc.stderr}"
-            )
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)  # a concurrent builder's identical file may be replaced; either is fine
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    proc = compile_atomically(lambda tmp: [cc, *flags, "-o", tmp, *map(str, SOURCES)], target)
+    if proc.returncode != 0:
+        names = " ".join(map(str, SOURCES))
+        raise CpuDecodeUnavailable(
+            f"compiling {names} failed ({cc} {' '.join(flags)}, exit {proc.returncode}):\n{proc.stderr}"
+        )
 
 
 def load_library(flags: tuple[str, ...] = FLAGS) -> Kernels:

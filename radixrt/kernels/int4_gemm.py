@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ import torch.nn.functional as F
 from torch.utils import cpp_extension
 
 from radixrt.config.cache_dir import cache_dir
+from radixrt.kernels.native_build import compile_atomically, cpu_signature
 
 logger = logging.getLogger(__name__)
 
@@ -45,47 +44,29 @@ _lock = threading.Lock()
 _state: dict[str, str | bool] = {}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256()
-    cpu = " ".join(sorted(_cpu_flags())) or platform.processor()
-    for part in (SOURCE.read_text(), version, " ".join(FLAGS), torch.__version__, platform.machine(), cpu):
+    for part in (
+        SOURCE.read_text(),
+        version,
+        " ".join(FLAGS),
+        torch.__version__,
+        platform.machine(),
+        cpu_signature(),
+    ):
         key.update(part.encode())
         key.update(b"\0")
     return cache_dir() / "kernels" / f"int4_gemm-{key.hexdigest()[:20]}.so"
 
 
 def _build(cc: str, target: Path) -> None:
-    """Compile into a private temporary file beside ``target``, then rename it into place (atomic)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".so")
-    os.close(fd)
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    cmd = [cc, *FLAGS, abi, *includes, str(SOURCE), "-o", tmp, *libs]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"compiling {SOURCE.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-            )
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    proc = compile_atomically(lambda tmp: [cc, *FLAGS, abi, *includes, str(SOURCE), "-o", tmp, *libs], target)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {SOURCE.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
 def _load() -> None:
@@ -95,7 +76,7 @@ def _load() -> None:
     with _lock:
         if "loaded" in _state or "error" in _state:
             return
-        if "avx512_bf16" not in _cpu_flags():
+        if "avx512_bf16" not in cpu_signature().split():
             _state["error"] = "the CPU has no AVX512-BF16 (avx512_bf16)"
             return
         cc = shutil.which(COMPILER)

@@ -78,10 +78,15 @@ class TorchNativeBackend(AttentionBackend):
     _mask: torch.Tensor | None
 
     def init_forward_metadata(self, md: AttentionMetadata) -> None:
+        # The C decode kernel's slot table and lengths (None: another path): for a decode batch md's own,
+        # for a short extend one row per new token (below).
         self._token_table: torch.Tensor | None = None
         self._extend_kernel = self.use_extend_kernel and md.max_extend_len > SMALL_EXTEND
         if self._extend_kernel:
             return  # the C kernel reads md's slot table, qo_indptr and seq_lens as they are
+        if self.use_decode_kernel and md.max_extend_len == 1 and int(md.qo_indptr[-1]) == md.batch_size:
+            self._token_table, self._token_lens = md.slot_table, md.seq_lens  # no mask or gather tables
+            return
         if self.use_decode_kernel and md.max_extend_len > 1 and md.max_extend_len <= SMALL_EXTEND:
             # A short extend (speculative verify, jump-forward, a small chunk) is one decode query per new
             # token: token t of request r attends over r's first prefix_len + j + 1 slots (causal).
@@ -119,30 +124,11 @@ class TorchNativeBackend(AttentionBackend):
         k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
         scales = self.scaled_kv.kv_scales(layer_id) if self.scaled_kv is not None else None
         ks, vs = (None, None) if scales is None else scales
-        if self.use_decode_kernel and md.max_extend_len == 1 and q.shape[0] == md.batch_size:
-            return cpu_decode.paged_decode_attention(
-                q,
-                k_buf,
-                v_buf,
-                md.slot_table,
-                md.seq_lens,
-                self.scale,
-                self.sliding_window,
-                k_scale=ks,
-                v_scale=vs,
-            )
         if self._token_table is not None:
             return cpu_decode.paged_decode_attention(
-                q,
-                k_buf,
-                v_buf,
-                self._token_table,
-                self._token_lens,
-                self.scale,
-                self.sliding_window,
-                k_scale=ks,
-                v_scale=vs,
-            )
+                q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window,
+                k_scale=ks, v_scale=vs,
+            )  # fmt: skip
         if self._extend_kernel:
             return cpu_extend.paged_extend_attention(
                 q,
