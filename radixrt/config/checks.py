@@ -76,6 +76,12 @@ def _check_serving(a: ServerArgs) -> None:
         raise ValueError(f"request_timeout: must be > 0 seconds, got {a.request_timeout}")
     if a.chunked_prefill_size == 0 or a.chunked_prefill_size < -1:
         raise ValueError(f"chunked_prefill_size: must be > 0 or -1 (off), got {a.chunked_prefill_size}")
+    if a.enable_mixed_chunk and a.speculative_algorithm is not None:
+        raise ValueError("enable_mixed_chunk: not with --speculative-algorithm (verify steps are not mixed)")
+    if a.enable_mixed_chunk and a.disaggregation_mode != "null":
+        raise ValueError(
+            "enable_mixed_chunk: not with --disaggregation-mode (a server there only prefills or decodes)"
+        )
     if a.worker_restart_window <= 0:
         raise ValueError(f"worker_restart_window: must be > 0, got {a.worker_restart_window}")
 

@@ -191,6 +191,11 @@ class ServerArgs:
     max_prefill_tokens: int = arg(
         8192, "The prefill budget of one forward when --chunked-prefill-size is -1."
     )
+    enable_mixed_chunk: bool = arg(
+        False,
+        "Run the running requests' decode tokens inside a prefill forward (SGLang's name) instead of pausing "
+        "them for it: the weights are read once for both. Not with speculative decoding or disaggregation.",
+    )
     schedule_policy: str = arg(
         "lpm",
         "Order in which waiting requests are admitted: lpm (longest cached prefix first), dfs-weight "

@@ -11,13 +11,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-import torch
-
 from radixrt.config.server_args import ServerArgs
 from radixrt.config.tenants import TenantConfig
 from radixrt.constrained.grammar import GrammarBusy, GrammarError, grammar_key
 from radixrt.disaggregation.sides import build_side
-from radixrt.kernels.base import ForwardMode
 from radixrt.transport.protocol import (
     AbortReq,
     BatchTokenOut,
@@ -33,10 +30,11 @@ from radixrt.transport.protocol import (
 )
 from radixrt.worker.arrival import RequestTimeouts, refusal
 from radixrt.worker.decode_step import decode_forward
+from radixrt.worker.extend_step import extend_forward
 from radixrt.worker.grammar_queue import GrammarQueue
 from radixrt.worker.interval_log import IntervalLog, LoadCounters, read_load
 from radixrt.worker.kv_manager import KVManager, build_tree
-from radixrt.worker.model_runner import ForwardInput, ModelRunner
+from radixrt.worker.model_runner import ModelRunner
 from radixrt.worker.output import OutputProcessor
 from radixrt.worker.pooling import pool_chunk
 from radixrt.worker.req import Req
@@ -253,7 +251,7 @@ class Scheduler:
                 time.sleep(0.0005)  # only transfers in flight: do not spin at full speed
         batch = self._admit()
         if batch:
-            self._run_extend(batch)
+            self._run_extend(batch, self._mixed_decode() if self.args.enable_mixed_chunk else [])
         elif self.running:
             self._run_decode()
         if self.check_invariant_each_step:
@@ -373,21 +371,23 @@ class Scheduler:
                 break
         return batch
 
-    def _run_extend(self, batch: list[Req]) -> None:
-        ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        for req in batch:
-            ids.extend(req.fill_ids[req.kv_len : req.kv_len + req.extend_len])
-            positions.append(torch.arange(req.kv_len, req.kv_len + req.extend_len))
-        fi = ForwardInput(
-            ForwardMode.EXTEND,
-            [r.req_pool_idx for r in batch if r.req_pool_idx is not None],
-            [r.kv_len for r in batch],
-            [r.extend_len for r in batch],
-            ids,
-            torch.cat(positions),
-        )
-        hidden = self.runner.forward(fi)
+    def _mixed_decode(self) -> list[Req]:
+        """The running requests that decode inside this round's prefill forward (``--enable-mixed-chunk``),
+        each with its next slot allocated; room is made first as a decode step would."""
+        if not self.running:
+            return []
+        self._ensure_decode_memory()
+        reqs = list(self.running)
+        ok = self.kv.alloc_decode(reqs)
+        assert ok, "decode slot allocation failed after retraction"
+        return reqs
+
+    def _run_extend(self, batch: list[Req], decoding: list[Req]) -> None:
+        """One prefill forward over ``batch``; ``decoding`` (mixed chunk) add one token row each, after it."""
+        hidden = extend_forward(self.runner, self.out, batch, decoding)
+        if decoding:
+            self.stats.mixed_decode_tokens += len(decoding)
+            self._settle_decode(decoding)
         offset = 0
         done: list[Req] = []
         for req in batch:

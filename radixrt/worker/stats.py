@@ -35,6 +35,7 @@ class SchedulerStats:
     generation_tokens: int = 0
     retractions: int = 0
     jump_forward_tokens: int = 0
+    mixed_decode_tokens: int = 0  # --enable-mixed-chunk: decode tokens computed inside prefill forwards
     grammar_mask_seconds: float = 0.0
     grammar_masked_rows: int = 0
     # Speculative decoding: verify forwards, drafted (request, step) pairs, draft tokens proposed and
@@ -88,6 +89,7 @@ class SchedulerStats:
             "generation_tokens": self.generation_tokens,
             "retractions": self.retractions,
             "jump_forward_tokens": self.jump_forward_tokens,
+            "mixed_decode_tokens": self.mixed_decode_tokens,
             "grammar_mask_seconds": self.grammar_mask_seconds,
             "grammar_masked_rows": self.grammar_masked_rows,
             "spec_verify_steps": self.spec_verify_steps,
