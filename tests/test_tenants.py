@@ -226,9 +226,9 @@ def test_a_long_prompt_is_chunked_small_while_a_lighter_tenant_is_active(
         s.ledger.clock = lambda: now[0]
         real = s._run_extend
 
-        def recording(batch: list[Any]) -> None:
+        def recording(batch: list[Any], mixed: list[Any]) -> None:
             rounds.append([(r.tenant, r.extend_len) for r in batch])
-            real(batch)
+            real(batch, mixed)
 
         s._run_extend = recording
 

@@ -5,6 +5,7 @@ run from an empty cache.
 - ``radixrt``: a launched radixrt server over HTTP (``RuntimeEndpoint``), default flags;
 - ``radixrt-engine``: the in-process ``Engine`` (``EngineBackend``);
 - ``radix-off``: the server with ``--disable-radix-cache``; ``radixrt-fcfs``: with ``--schedule-policy fcfs``;
+  ``radixrt-mixed``: with ``--enable-mixed-chunk``;
 - ``llama.cpp``: ``python -m llama_cpp.server`` on the same GGUF file, OpenAI completions, its RAM prompt
   cache on (cached tokens are read from its verbose log: "N prefix-match hit"); restarted per run. NOTE:
   ``--interrupt_requests false``: by default it cuts a streaming completion short (sends ``[DONE]``)
@@ -30,11 +31,14 @@ from frontend_lang import BaseBackend, EngineBackend, RuntimeEndpoint
 from frontend_lang.chat_template import template_for_tokenizer
 from radixrt.models.tokenizer import load_tokenizer
 
-ALL_BACKENDS = ("radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "openvino", "llama.cpp", "hf")
+ALL_BACKENDS = (
+    "radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "radixrt-mixed", "openvino", "llama.cpp", "hf"
+)  # fmt: skip
 SERVER_FLAGS = {
     "radixrt": [],
     "radix-off": ["--disable-radix-cache"],
     "radixrt-fcfs": ["--schedule-policy", "fcfs"],
+    "radixrt-mixed": ["--enable-mixed-chunk"],
 }
 COUNTERS = ("prompt_tokens", "cached_tokens", "computed_prefill_tokens", "generation_tokens", "retractions",
             "evicted_tokens")  # fmt: skip

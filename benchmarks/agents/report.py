@@ -7,9 +7,19 @@ from typing import Any
 
 from benchmarks.common import format_table
 
-HEADLINE = ("radixrt", "radixrt-engine", "openvino", "llama.cpp", "hf", "radix-off", "radixrt-fcfs", "url")
+HEADLINE = (
+    "radixrt",
+    "radixrt-engine",
+    "openvino",
+    "llama.cpp",
+    "hf",
+    "radix-off",
+    "radixrt-fcfs",
+    "radixrt-mixed",
+    "url",
+)
 COLORS = dict(zip(HEADLINE, ("tab:blue", "tab:orange", "tab:olive", "tab:green", "tab:red", "tab:purple", "tab:brown",
-                             "tab:gray"), strict=True))  # fmt: skip
+                             "tab:pink", "tab:gray"), strict=True))  # fmt: skip
 PEERS = ("openvino", "llama.cpp", "hf", "radix-off")  # radixrt / each of these in the headline table
 
 
