@@ -1,6 +1,7 @@
 """radixrt's AVX512-BF16 int4 GEMM (radixrt/kernels/int4_gemm.py): against a float64 matmul by the dequantized
-weight over many shapes, planes, group sizes, batch sizes and thread counts; through Int4Linear against
-torch's int4 kernel; inside a compiled graph; bad inputs; and the Engine in bf16 against torch's kernel."""
+weight over many shapes, planes, group sizes, batch sizes and thread counts; the 8-bit-code variant (mm_u8)
+the same way and as the layout of GGUF's two-plane blocks (Q8_0, Q5_*); through Int4Linear against torch's
+int4 kernel; inside a compiled graph; bad inputs; and the Engine in bf16 against torch's kernel."""
 
 from __future__ import annotations
 
@@ -61,6 +62,62 @@ def test_matches_the_dequantized_weight(n_planes: int, n: int, k: int, group: in
         torch.set_num_threads(old)
 
 
+@pytest.mark.parametrize(("n", "k", "group"), [(64, 64, 32), (576, 1536, 32), (200, 256, 64), (40, 768, 256),
+                                               (8, 64, 16), (1000, 576, 32)])  # fmt: skip
+@pytest.mark.parametrize("threads", [1, 3])
+def test_u8_matches_the_dequantized_weight(n: int, k: int, group: int, threads: int) -> None:
+    g = torch.Generator().manual_seed(n + k + group)
+    u = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
+    u[0] = 255  # the extreme codes
+    u[1] = 0
+    scales = (torch.rand(n, k // group, generator=g) * 0.01).bfloat16().float()
+    zeros = (torch.randn(n, k // group, generator=g) * 0.5).float()
+    w = (u.double().view(n, k // group, group) - 136) * scales.double()[..., None] + zeros.double()[..., None]
+    packed = int4_gemm.pack_u8(u, scales, zeros, group)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 40):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+            y = int4_gemm.u8_mm(x, packed)
+            assert y.shape == (m, n) and y.dtype == torch.bfloat16
+            if m:
+                _check_close(y, x, w.view(n, k))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])
+def test_two_plane_gguf_blocks_run_as_one_8bit_code(qtype: str) -> None:
+    """GGUF's 8- and 5-bit blocks are two int4 planes whose high scale is 16x the low one: radixrt's kernel
+    multiplies them as one code 16 hi + lo; the result is the reference weight's product (what torch's kernel
+    computes as two planes, rounding each plane's product on its own), and a linear with two unrelated planes keeps the plane kernel."""
+    from radixrt.layers.gguf_linear import gguf_linear_from_float
+
+    pytest.importorskip("gguf")
+    torch.manual_seed(3)
+    lin = gguf_linear_from_float(torch.randn(136, 576) * 0.05, qtype, compute_dtype=torch.bfloat16)
+    assert isinstance(lin, Int4Linear) and lin.n_planes == 2
+    x = torch.randn(11, 576).bfloat16()
+    theirs = lin(x)
+    lin.use_radixrt_kernel(torch.bfloat16)
+    assert lin.u8_codes is not None and lin.i4_codes is None
+    ours = lin(x)
+    ref_w = lin.reference_weight(torch.bfloat16).double()
+    _check_close(ours, x, ref_w)
+    # torch's kernel rounds each plane's product to bf16 before their sum: never closer than one code
+    ref = x.double() @ ref_w.T
+    assert float((ours.double() - ref).abs().max()) <= float((theirs.double() - ref).abs().max())
+    assert torch.equal(torch.compile(lin, fullgraph=True)(x), ours)
+
+    codes, scales, zeros = _weights(2, 48, 64, 32, seed=4)  # unrelated planes
+    planes = Int4Linear(codes, scales, zeros, 32, compute_dtype=torch.bfloat16)
+    planes.use_radixrt_kernel(torch.bfloat16)
+    assert planes.u8_codes is None and planes.i4_codes is not None
+    x = torch.randn(5, 64).bfloat16()
+    _check_close(planes(x), x, _dequantized(codes, scales, zeros, 32))
+
+
 def test_empty_batch_and_extreme_codes() -> None:
     codes, scales, zeros = _weights(1, 32, 64, 32, seed=1)
     codes[0, :16] = 15
@@ -85,6 +142,18 @@ def test_bad_inputs_are_refused() -> None:
         op(torch.randn(2, 64).bfloat16(), p.codes, p.sz.float(), 32)
     with pytest.raises(ValueError, match="group_size"):
         int4_gemm.pack(codes[:, :, :40], scales, zeros, 32)
+    u8 = int4_gemm.pack_u8(codes[0] * 16, scales[0], zeros[0], 32)
+    op8 = torch.ops.radixrt_int4.mm_u8
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        op8(torch.randn(2, 64), u8.codes, u8.sz, 32)
+    with pytest.raises(RuntimeError, match="K and the group size"):
+        op8(torch.randn(2, 128).bfloat16(), u8.codes, u8.sz, 32)
+    with pytest.raises(RuntimeError, match="sz must be"):
+        op8(torch.randn(2, 64).bfloat16(), u8.codes, u8.sz.bfloat16(), 32)
+    with pytest.raises(RuntimeError, match="codes must be"):
+        op8(torch.randn(2, 64).bfloat16(), p.codes, u8.sz, 32)
+    with pytest.raises(ValueError, match="scales/zeros"):
+        int4_gemm.pack_u8(codes[0], scales[0, :, :1], zeros[0], 32)
 
 
 def test_int4_linear_matches_torch_kernel_and_compiles() -> None:

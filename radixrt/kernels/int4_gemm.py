@@ -34,7 +34,7 @@ from radixrt.kernels.native_build import compile_atomically, cpu_signature
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Int4Packed", "available", "int4_mm", "pack", "unavailable_reason"]
+__all__ = ["Int4Packed", "U8Packed", "available", "int4_mm", "pack", "pack_u8", "u8_mm", "unavailable_reason"]
 
 SOURCE = Path(__file__).parent / "csrc" / "int4_gemm.cpp"
 COMPILER = "g++"
@@ -105,6 +105,10 @@ def _register_fake() -> None:
     def _fake(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], codes.shape[1] * 16))
 
+    @torch.library.register_fake("radixrt_int4::mm_u8")  # type: ignore[misc]
+    def _fake_u8(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+        return x.new_empty((x.shape[0], codes.shape[0] * 16))
+
 
 def available() -> bool:
     """Whether the kernel runs here (builds and loads it on the first call)."""
@@ -157,4 +161,43 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_s
 def int4_mm(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:
     """``x [M, K]`` (bf16, contiguous) times the packed weight: ``[M, out_features]`` bf16."""
     y = torch.ops.radixrt_int4.mm(x, w.codes, w.sz, w.group_size)
+    return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()
+
+
+class U8Packed:
+    """One linear's 8-bit codes in the layout of ``radixrt_int4::mm_u8``: ``codes`` uint8 ``[N/16, K/2, 32]``
+    and ``sz`` float32 ``[N/16, K/G, 2, 16]`` (per group, the 16 columns' scales, then ``zero - 136 * scale``),
+    for ``out_features`` of the padded N."""
+
+    def __init__(self, codes: torch.Tensor, sz: torch.Tensor, group_size: int, out: int) -> None:
+        self.codes, self.sz = codes, sz
+        self.group_size = group_size
+        self.out_features = out
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.sz))
+
+
+def pack_u8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> U8Packed:
+    """Pack ``w = (codes - 136) * scales + zeros`` (codes ``[N, K]`` in 0..255; scales and zeros
+    ``[N, K / group_size]``, float32) for :func:`u8_mm`. ``zero - 136 * scale`` is formed in float32 here,
+    as the int4 kernel forms it in registers. N is padded to 16 with zero weights."""
+    n, k = codes.shape
+    if k % 2 or k % group_size or group_size % 16:
+        raise ValueError(f"u8 kernel: K={k} must be a multiple of group_size={group_size}, itself of 16")
+    if scales.shape != (n, k // group_size) or zeros.shape != scales.shape:
+        raise ValueError(f"u8 kernel: scales/zeros {tuple(scales.shape)} != {(n, k // group_size)}")
+    pad = (-n) % 16
+    c = F.pad(codes.to(torch.uint8), (0, 0, 0, pad), value=136)
+    nb = (n + pad) // 16
+    pairs = c.view(nb, 16, k // 2, 2).permute(0, 2, 1, 3)  # [NB, K/2, 16 columns, 2 k]
+    s = F.pad(scales.float(), (0, 0, 0, pad))
+    zb = F.pad(zeros.float(), (0, 0, 0, pad)) - 136.0 * s
+    sz = torch.stack([s, zb], -1).view(nb, 16, k // group_size, 2).permute(0, 2, 3, 1)  # [NB, G, 2, 16]
+    return U8Packed(pairs.reshape(nb, k // 2, 32).contiguous(), sz.contiguous(), group_size, n)
+
+
+def u8_mm(x: torch.Tensor, w: U8Packed) -> torch.Tensor:
+    """``x [M, K]`` (bf16, contiguous) times the packed 8-bit weight: ``[M, out_features]`` bf16."""
+    y = torch.ops.radixrt_int4.mm_u8(x, w.codes, w.sz, w.group_size)
     return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()

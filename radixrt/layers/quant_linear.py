@@ -245,6 +245,8 @@ class Int4Linear(QuantLinearBase):
     scales_and_zeros: torch.Tensor
     i4_codes: torch.Tensor | None  # radixrt's kernel layout (use_radixrt_kernel), else None
     i4_sz: torch.Tensor | None
+    u8_codes: torch.Tensor | None  # two planes as one 8-bit code (use_radixrt_kernel), else None
+    u8_sz: torch.Tensor | None
 
     def __init__(
         self,
@@ -285,7 +287,7 @@ class Int4Linear(QuantLinearBase):
         self.register_buffer("packed", packed)  # [P, N_pad, in / 2] uint8, CPU-layout specific
         # [P, in / group, N_pad, 2] as the kernel wants it
         self.register_buffer("scales_and_zeros", sz.transpose(1, 2).to(self.storage_dtype).contiguous())
-        for name in ("i4_codes", "i4_sz"):
+        for name in ("i4_codes", "i4_sz", "u8_codes", "u8_sz"):
             self.register_buffer(name, None, persistent=False)
 
     @classmethod
@@ -303,23 +305,39 @@ class Int4Linear(QuantLinearBase):
         return cls(codes, scales, zeros, group_size, bias, compute_dtype)
 
     def use_radixrt_kernel(self, dtype: torch.dtype) -> int:
-        """Also keep the weights in the layout of radixrt's AVX512-BF16 int4 kernel
-        (:mod:`radixrt.kernels.int4_gemm`) and multiply ``dtype`` (bf16) batches by it instead of torch's
+        """Also keep the weights in the layout of radixrt's AVX512-BF16 kernels
+        (:mod:`radixrt.kernels.int4_gemm`) and multiply ``dtype`` (bf16) batches by them instead of torch's
         ``_weight_int4pack_mm_for_cpu``; returns the bytes kept. The scales are those torch's kernel uses in
-        ``dtype``, so both multiply by the same weight."""
-        from radixrt.kernels.int4_gemm import pack
+        ``dtype``, so both multiply by the same weight.
+
+        Two planes whose high scale is 16 times the low one in every group (GGUF's Q8_0 and Q5 blocks) are
+        kept as one 8-bit code ``16 hi + lo`` (``radixrt_int4::mm_u8``): one product per weight instead of
+        one per plane, for the same bytes."""
+        from radixrt.kernels.int4_gemm import pack, pack_u8
 
         if dtype != torch.bfloat16:
             raise ValueError(f"radixrt's int4 kernel computes in bfloat16, not {dtype}")
         sz = self.scales_and_zeros.to(dtype).float()[:, :, : self.out_features]  # [P, K/G, N, 2]
-        w = pack(self.codes(), sz[..., 0].transpose(1, 2), sz[..., 1].transpose(1, 2), self.group_size)
+        scales, zeros = sz[..., 0].transpose(1, 2), sz[..., 1].transpose(1, 2)  # [P, N, K/G]
+        codes = self.codes()
+        if self.n_planes == 2 and torch.equal(scales[0], 16 * scales[1]):
+            # (hi - 8) 16 s + z_hi + (lo - 8) s + z_lo = (16 hi + lo - 136) s + (z_hi + z_lo)
+            u = codes[0].to(torch.int32) * 16 + codes[1].to(torch.int32)
+            w8 = pack_u8(u, scales[1], zeros[0] + zeros[1], self.group_size)
+            self.register_buffer("u8_codes", w8.codes, persistent=False)
+            self.register_buffer("u8_sz", w8.sz, persistent=False)
+            return w8.nbytes()
+        w = pack(codes, scales, zeros, self.group_size)
         self.register_buffer("i4_codes", w.codes, persistent=False)
         self.register_buffer("i4_sz", w.sz, persistent=False)
         return w.nbytes()
 
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if self.i4_codes is not None and dtype == torch.bfloat16:
-            y = torch.ops.radixrt_int4.mm(x2, self.i4_codes, self.i4_sz, self.group_size)
+        if dtype == torch.bfloat16 and (self.i4_codes is not None or self.u8_codes is not None):
+            if self.u8_codes is not None:
+                y = torch.ops.radixrt_int4.mm_u8(x2, self.u8_codes, self.u8_sz, self.group_size)
+            else:
+                y = torch.ops.radixrt_int4.mm(x2, self.i4_codes, self.i4_sz, self.group_size)
             return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()
         sz = self._as("scales_and_zeros", self.scales_and_zeros, dtype)
         y = torch._weight_int4pack_mm_for_cpu(x2, self.packed[0], self.group_size, sz[0])

@@ -20,6 +20,14 @@
 // AND or a shift, 16 lanes of (k, k+1) bf16 pairs, the operand vdpbf16ps pairs with x[m, k:k+2].
 // Scales and zeros: bf16 [P, N / 16, K / G, 2, 16] (the block's 16 scales, then its 16 zeros: one 64-byte
 // line per group), the values torch's kernel dequantizes with in bf16; 0.625 bytes a weight in all.
+//
+// radixrt_int4::mm_u8 multiplies by 8-bit codes u in 0..255 with one scale and zero per group,
+// W[n, k] = (u[n, k] - 136) * s[n, g] + z[n, g]: the two-plane weights whose high plane's scale is 16 times the
+// low plane's (GGUF's Q8_0, Q5_*: u = 16 hi + lo) in one pass, so each product is one vdpbf16ps instead of two.
+// u becomes an exact bf16 value by a widening, an int -> fp32 conversion and a bf16 pack (every u < 256 is
+// exact in bf16). Layout: for column block b and input pair j (k = 2 j, 2 j + 1), 32 bytes, byte 2 c + t the
+// code of column 16 b + c at k = 2 j + t; scales and zb = z - 136 s in fp32 [N / 16, K / G, 2, 16] (one
+// 128-byte line per block and group): 1.25 bytes a weight, as the two planes' layout.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -87,68 +95,106 @@ inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_
   }
 }
 
+// The 8-bit-code analog of block_kernel: rows [0, MB) against CB blocks of the mm_u8 layout; `sz` holds the
+// fp32 scale and zb lines.
+template <int MB, int CB>
+inline void block_kernel_u8(const uint16_t* x, int64_t ldx, const float* sx, int64_t groups,
+                            const uint8_t* codes, int64_t block_code_stride, const float* sz,
+                            int64_t block_sz_stride, int64_t group_size, float* acc) {
+  const int64_t pairs = group_size / 2;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 part[MB][CB];
+    for (int i = 0; i < MB; ++i)
+      for (int c = 0; c < CB; ++c) part[i][c] = _mm512_setzero_ps();
+    const int64_t k0 = g * group_size;
+    for (int64_t j = 0; j < pairs; ++j) {
+      const int64_t k = k0 + 2 * j;
+      for (int c = 0; c < CB; ++c) {
+        const uint8_t* src = codes + c * block_code_stride + (g * pairs + j) * 32;
+        // columns 0-7 (bytes 0-15) become the low 16 bf16 lanes, columns 8-15 the high ones
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+        const __m512 hi = _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
+        const __m512bh w = _mm512_cvtne2ps_pbh(hi, lo);
+        for (int i = 0; i < MB; ++i) {
+          int32_t bits;
+          std::memcpy(&bits, x + i * ldx + k, 4);
+          part[i][c] = _mm512_dpbf16_ps(part[i][c], w, (__m512bh)_mm512_set1_epi32(bits));
+        }
+      }
+    }
+    for (int c = 0; c < CB; ++c) {
+      const float* line = sz + c * block_sz_stride + g * 32;
+      const __m512 s = _mm512_loadu_ps(line);
+      const __m512 zb = _mm512_loadu_ps(line + 16);
+      for (int i = 0; i < MB; ++i) {
+        float* dst = acc + i * CB * 16 + c * 16;
+        __m512 a = _mm512_fmadd_ps(part[i][c], s, _mm512_loadu_ps(dst));
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_set1_ps(sx[i * groups + g]), zb, a));
+      }
+    }
+  }
+}
+
 constexpr int kMaxRows = 8;  // rows of x per pass: 8 chains already keep vdpbf16ps busy
 constexpr int kMaxBlocks = 8;
 
-using BlockFn = void (*)(const uint16_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
-                         const uint16_t*, int64_t, int64_t, float*);
+template <typename SzT>
+using BlockFn = void (*)(const uint16_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t, const SzT*,
+                         int64_t, int64_t, float*);
 
 // Column blocks per pass of `rows` rows: enough (row, block) chains to cover vdpbf16ps latency within the 32
 // vector registers (parts rows * blocks, the x pairs 2 * rows, the weight operands).
 constexpr int blocks_for_rows(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1; }
 
 // The kernel for a pass of `rows` rows over blocks_for_rows(rows) blocks (wide) or one block.
-BlockFn kernel_for(int rows, bool wide) {
+template <typename SzT, template <int, int> class K>
+BlockFn<SzT> kernel_for(int rows, bool wide) {
   switch (rows) {
-    case 1: return wide ? block_kernel<1, 8> : block_kernel<1, 1>;
-    case 2: return wide ? block_kernel<2, 4> : block_kernel<2, 1>;
-    case 3: return wide ? block_kernel<3, 2> : block_kernel<3, 1>;
-    case 4: return wide ? block_kernel<4, 2> : block_kernel<4, 1>;
-    case 5: return block_kernel<5, 1>;
-    case 6: return block_kernel<6, 1>;
-    case 7: return block_kernel<7, 1>;
-    default: return block_kernel<8, 1>;
+    case 1: return wide ? K<1, 8>::run : K<1, 1>::run;
+    case 2: return wide ? K<2, 4>::run : K<2, 1>::run;
+    case 3: return wide ? K<3, 2>::run : K<3, 1>::run;
+    case 4: return wide ? K<4, 2>::run : K<4, 1>::run;
+    case 5: return K<5, 1>::run;
+    case 6: return K<6, 1>::run;
+    case 7: return K<7, 1>::run;
+    default: return K<8, 1>::run;
   }
 }
 
-at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sz, int64_t group_size) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
-              "radixrt_int4::mm: x must be a contiguous 2-D bfloat16 tensor");
-  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
-                  codes.size(3) == 32,
-              "radixrt_int4::mm: codes must be contiguous uint8 [P, N/16, K/4, 32]");
-  TORCH_CHECK(sz.dim() == 5 && sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.size(3) == 2 &&
-                  sz.size(4) == 16,
-              "radixrt_int4::mm: sz must be contiguous bfloat16 [P, N/16, K/G, 2, 16]");
-  const int64_t m = x.size(0), k = x.size(1);
-  const int64_t planes = codes.size(0), nblocks = codes.size(1);
-  TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && k % group_size == 0,
-              "radixrt_int4::mm: group_size must be a multiple of 16 dividing K");
-  const int64_t groups = k / group_size;
-  TORCH_CHECK(codes.size(2) * 4 == k && sz.size(0) == planes && sz.size(1) == nblocks && sz.size(2) == groups,
-              "radixrt_int4::mm: codes / scales do not match x's K and the group size");
-  const int64_t n = nblocks * 16;
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return out;
+template <int MB, int CB>
+struct Int4Kernel {
+  static constexpr auto run = block_kernel<MB, CB>;
+};
+template <int MB, int CB>
+struct U8Kernel {
+  static constexpr auto run = block_kernel_u8<MB, CB>;
+};
 
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  // sx[r, g]: each row's sum over each group, fp32 (the zero's contribution).
+// sx[r, g]: each row's sum over each group, fp32 (the zero's contribution).
+std::vector<float> group_sums(const uint16_t* xp, int64_t m, int64_t k, int64_t group_size) {
+  const int64_t groups = k / group_size;
   std::vector<float> sx(static_cast<size_t>(m * groups));
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const uint16_t* xg = xp + r * k + g * group_size;
       __m512 acc = _mm512_setzero_ps();
-      for (int64_t t = 0; t < group_size; t += 16) {
-        acc = _mm512_add_ps(acc, bf16x16_to_f32(xg + t));
-      }
+      for (int64_t t = 0; t < group_size; t += 16) acc = _mm512_add_ps(acc, bf16x16_to_f32(xg + t));
       sx[r * groups + g] = _mm512_reduce_add_ps(acc);
     }
   }
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const uint16_t* szp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t block_code_stride = (k / 4) * 32;
-  const int64_t block_sz_stride = groups * 32;
+  return sx;
+}
+
+// y = x @ W.T over `planes` planes of `nblocks` 16-column blocks: each (row pass, block pass) accumulates every
+// plane into an fp32 tile, then rounds it to bf16 once. Threads split the column blocks.
+template <typename SzT, template <int, int> class K>
+void run_gemm(const uint16_t* xp, int64_t m, int64_t k, int64_t group_size, const uint8_t* cp,
+              int64_t block_code_stride, const SzT* szp, int64_t block_sz_stride, int64_t planes, int64_t nblocks,
+              uint16_t* op) {
+  const int64_t groups = k / group_size;
+  const int64_t n = nblocks * 16;
+  const std::vector<float> sx = group_sums(xp, m, k, group_size);
   const int rows_per_pass = static_cast<int>(std::min<int64_t>(kMaxRows, m));
   const int cb = blocks_for_rows(rows_per_pass);
   const int64_t supers = (nblocks + cb - 1) / cb;
@@ -164,14 +210,14 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
       // A short last pass of rows or of blocks runs block by block.
       const bool wide = blocks == cb && blocks_for_rows(rows) == cb && cb > 1;
       const int pass_cb = wide ? cb : 1;
-      const BlockFn fn = kernel_for(rows, wide);
+      const BlockFn<SzT> fn = kernel_for<SzT, K>(rows, wide);
       for (int64_t bb = b0; bb < b0 + blocks; bb += pass_cb) {
         std::memset(tile, 0, sizeof(float) * rows * pass_cb * 16);
         for (int64_t p = 0; p < planes; ++p) {
           const int64_t code_off = (p * nblocks + bb) * block_code_stride;
           const int64_t sz_off = (p * nblocks + bb) * block_sz_stride;
-          fn(xp + r0 * k, k, sx.data() + r0 * groups, groups, cp + code_off, block_code_stride,
-             szp + sz_off, block_sz_stride, group_size, tile);
+          fn(xp + r0 * k, k, sx.data() + r0 * groups, groups, cp + code_off, block_code_stride, szp + sz_off,
+             block_sz_stride, group_size, tile);
         }
         for (int i = 0; i < rows; ++i) {
           for (int c = 0; c < pass_cb; ++c) {
@@ -182,6 +228,58 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
       }
     }
   }
+}
+
+void check_x(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op,
+              ": x must be a contiguous 2-D bfloat16 tensor");
+}
+
+int64_t checked_groups(int64_t k, int64_t group_size, const char* op) {
+  TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && k % group_size == 0, op,
+              ": group_size must be a multiple of 16 dividing K");
+  return k / group_size;
+}
+
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sz, int64_t group_size) {
+  check_x(x, "radixrt_int4::mm");
+  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.size(3) == 32,
+              "radixrt_int4::mm: codes must be contiguous uint8 [P, N/16, K/4, 32]");
+  TORCH_CHECK(sz.dim() == 5 && sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.size(3) == 2 &&
+                  sz.size(4) == 16,
+              "radixrt_int4::mm: sz must be contiguous bfloat16 [P, N/16, K/G, 2, 16]");
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t planes = codes.size(0), nblocks = codes.size(1);
+  const int64_t groups = checked_groups(k, group_size, "radixrt_int4::mm");
+  TORCH_CHECK(codes.size(2) * 4 == k && sz.size(0) == planes && sz.size(1) == nblocks && sz.size(2) == groups,
+              "radixrt_int4::mm: codes / scales do not match x's K and the group size");
+  at::Tensor out = at::empty({m, nblocks * 16}, x.options());
+  if (m == 0 || nblocks == 0) return out;
+  run_gemm<uint16_t, Int4Kernel>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
+                                 codes.data_ptr<uint8_t>(), (k / 4) * 32,
+                                 reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>()), groups * 32,
+                                 planes, nblocks, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+  return out;
+}
+
+at::Tensor u8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sz, int64_t group_size) {
+  check_x(x, "radixrt_int4::mm_u8");
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.size(2) == 32,
+              "radixrt_int4::mm_u8: codes must be contiguous uint8 [N/16, K/2, 32]");
+  TORCH_CHECK(sz.dim() == 4 && sz.scalar_type() == at::kFloat && sz.is_contiguous() && sz.size(2) == 2 &&
+                  sz.size(3) == 16,
+              "radixrt_int4::mm_u8: sz must be contiguous float32 [N/16, K/G, 2, 16]");
+  const int64_t m = x.size(0), k = x.size(1), nblocks = codes.size(0);
+  const int64_t groups = checked_groups(k, group_size, "radixrt_int4::mm_u8");
+  TORCH_CHECK(codes.size(1) * 2 == k && sz.size(0) == nblocks && sz.size(1) == groups,
+              "radixrt_int4::mm_u8: codes / scales do not match x's K and the group size");
+  at::Tensor out = at::empty({m, nblocks * 16}, x.options());
+  if (m == 0 || nblocks == 0) return out;
+  run_gemm<float, U8Kernel>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
+                            codes.data_ptr<uint8_t>(), (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
+                            reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
   return out;
 }
 
@@ -189,6 +287,10 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 
 TORCH_LIBRARY(radixrt_int4, m) {
   m.def("mm(Tensor x, Tensor codes, Tensor sz, int group_size) -> Tensor");
+  m.def("mm_u8(Tensor x, Tensor codes, Tensor sz, int group_size) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) { m.impl("mm", &int4_mm); }
+TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) {
+  m.impl("mm", &int4_mm);
+  m.impl("mm_u8", &u8_mm);
+}
