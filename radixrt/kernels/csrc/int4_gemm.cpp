@@ -136,7 +136,7 @@ inline void block_kernel_u8(const uint16_t* x, int64_t ldx, const float* sx, int
   }
 }
 
-constexpr int kMaxRows = 8;  // rows of x per pass: 8 chains already keep vdpbf16ps busy
+constexpr int kMaxRows = 16;  // rows of x per pass
 constexpr int kMaxBlocks = 8;
 
 template <typename SzT>
@@ -158,7 +158,15 @@ BlockFn<SzT> kernel_for(int rows, bool wide) {
     case 5: return K<5, 1>::run;
     case 6: return K<6, 1>::run;
     case 7: return K<7, 1>::run;
-    default: return K<8, 1>::run;
+    case 8: return K<8, 1>::run;
+    case 9: return K<9, 1>::run;
+    case 10: return K<10, 1>::run;
+    case 11: return K<11, 1>::run;
+    case 12: return K<12, 1>::run;
+    case 13: return K<13, 1>::run;
+    case 14: return K<14, 1>::run;
+    case 15: return K<15, 1>::run;
+    default: return K<16, 1>::run;
   }
 }
 
