@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from radixrt.worker.graph_runner import compile_buckets
 from tests.engine_fixtures import prompts_of
@@ -106,3 +107,72 @@ def test_compiled_int4_matches_eager(tmp_path: Path, dtype: str, engine_factory)
     n = GREEDY["max_new_tokens"] if dtype == "float32" else 3
     for e, c in zip(eager, compiled, strict=True):
         assert e["output_ids"][:n] == c["output_ids"][:n]
+
+
+def test_layer_kinds_split_what_a_graph_depends_on(tiny_llama: Path, tmp_path: Path, engine_factory) -> None:
+    """Layers share an unguarded compiled function only when alike: a Llama's layers are one kind (their
+    layer_id differs), Gemma 3's local and global layers are two, and a layer whose linear is another class or
+    dtype is a kind of its own."""
+    from radixrt.layers.quant_linear import Int4Linear
+    from radixrt.testing.random_checkpoint import make_checkpoint
+    from radixrt.worker.graph_runner import layer_kind
+
+    def kinds(eng) -> list:  # type: ignore[no-untyped-def]
+        layers = eng.worker.scheduler.runner.model.layers
+        return [layer_kind(layer) for layer in layers]
+
+    llama = engine_factory(tiny_llama, disable_compile=False, compile_max_bs=1)
+    ks = kinds(llama)
+    assert len(ks) > 1 and len(set(ks)) == 1
+    assert llama.worker.scheduler.runner.graph_runner._kind_of == [0] * len(ks)
+    layer = llama.worker.scheduler.runner.model.layers[0]
+    before = layer_kind(layer)
+    up = layer.mlp.up_proj
+    layer.mlp.up_proj = Int4Linear.from_float(up.weight.detach().float())
+    assert layer_kind(layer) != before
+    layer.mlp.up_proj = up.to(torch.float64)
+    assert layer_kind(layer) != before
+    layer.mlp.up_proj = up.float()
+    assert layer_kind(layer) == before
+
+    gemma3 = make_checkpoint(tmp_path / "gemma3", arch="gemma3", size="tiny", seed=7)
+    gemma = engine_factory(gemma3, disable_compile=False, compile_max_bs=1)
+    local = [layer.is_local for layer in gemma.worker.scheduler.runner.model.layers]
+    ks = kinds(gemma)
+    assert True in local and False in local
+    assert len(set(ks)) == 2
+    assert all((ks[i] == ks[j]) == (local[i] == local[j]) for i in range(len(ks)) for j in range(len(ks)))
+
+
+def test_compiled_decode_with_mixed_layers_equals_eager(tmp_path: Path, engine_factory) -> None:
+    """A model whose layers differ (one layer's MLP int4, the rest dense fp32) compiles one function per
+    kind and bucket: its compiled greedy decode equals its eager decode token for token (fp32)."""
+    from radixrt.layers.quant_linear import Int4Linear
+    from radixrt.testing.random_checkpoint import make_checkpoint
+    from radixrt.worker.graph_runner import DecodeGraphRunner
+
+    path = make_checkpoint(tmp_path / "m", arch="llama", seed=16, intermediate_size=704)
+    prompts = prompts_of([7, 15, 4], seed=12)
+    eng = engine_factory(path, disable_compile=False, compile_max_bs=4)
+
+    def mix(s) -> int:  # type: ignore[no-untyped-def]
+        runner = s.runner
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin = getattr(runner.model.layers[1].mlp, name)
+            setattr(runner.model.layers[1].mlp, name, Int4Linear.from_float(lin.weight.detach().float()))
+        runner.graph_runner = DecodeGraphRunner(runner.model, runner.backend, 4)
+        runner.graph_runner.warmup(runner._run_padding_batch)
+        return len(set(runner.graph_runner._kind_of))
+
+    assert eng.worker.call(mix, timeout=300) == 2
+    seen = count_compiled(eng)
+    compiled = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert {4} <= set(seen)
+
+    def eager(s) -> None:  # type: ignore[no-untyped-def]
+        s.runner.graph_runner = None
+
+    eng.worker.call(eager, timeout=60)
+    assert eng.flush_cache()
+    again = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in compiled] == [o["output_ids"] for o in again]
