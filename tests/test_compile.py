@@ -64,10 +64,18 @@ def test_greedy_head_and_sampled_path_agree(tiny_llama: Path, engine_factory) ->
             assert lp == pytest.approx(top[0][0], abs=1e-6)
 
 
-@pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
-def test_compiled_decode_matches_hf(arch: str, request: pytest.FixtureRequest, engine_factory) -> None:
+@pytest.mark.parametrize(
+    ("arch", "scope"),
+    [("tiny_llama", "layer"), ("tiny_qwen2", "layer"), ("tiny_qwen3", "layer"), ("tiny_llama", "model"),
+     ("tiny_qwen3", "model")],
+)  # fmt: skip
+def test_compiled_decode_matches_hf(
+    arch: str, scope: str, request: pytest.FixtureRequest, engine_factory
+) -> None:
+    """Greedy fp32 ids equal transformers' with each --compile-scope: per-layer graphs and the whole stack."""
     path = request.getfixturevalue(arch)
-    eng = engine_factory(path, disable_compile=False, compile_max_bs=4)
+    eng = engine_factory(path, disable_compile=False, compile_max_bs=4, compile_scope=scope)
+    assert eng.worker.scheduler.runner.graph_runner.scope == scope
     seen = count_compiled(eng)
     prompts = prompts_of([5, 33, 17], seed=8)  # 3 requests: padded to bucket 4
     outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
@@ -144,9 +152,11 @@ def test_layer_kinds_split_what_a_graph_depends_on(tiny_llama: Path, tmp_path: P
     assert all((ks[i] == ks[j]) == (local[i] == local[j]) for i in range(len(ks)) for j in range(len(ks)))
 
 
-def test_compiled_decode_with_mixed_layers_equals_eager(tmp_path: Path, engine_factory) -> None:
+@pytest.mark.parametrize("scope", ["layer", "model"])
+def test_compiled_decode_with_mixed_layers_equals_eager(tmp_path: Path, scope: str, engine_factory) -> None:
     """A model whose layers differ (one layer's MLP int4, the rest dense fp32) compiles one function per
-    kind and bucket: its compiled greedy decode equals its eager decode token for token (fp32)."""
+    kind and bucket (or traces the whole stack): its compiled greedy decode equals its eager decode token for
+    token (fp32)."""
     from radixrt.layers.quant_linear import Int4Linear
     from radixrt.testing.random_checkpoint import make_checkpoint
     from radixrt.worker.graph_runner import DecodeGraphRunner
@@ -160,11 +170,11 @@ def test_compiled_decode_with_mixed_layers_equals_eager(tmp_path: Path, engine_f
         for name in ("gate_proj", "up_proj", "down_proj"):
             lin = getattr(runner.model.layers[1].mlp, name)
             setattr(runner.model.layers[1].mlp, name, Int4Linear.from_float(lin.weight.detach().float()))
-        runner.graph_runner = DecodeGraphRunner(runner.model, runner.backend, 4)
+        runner.graph_runner = DecodeGraphRunner(runner.model, runner.backend, 4, scope)
         runner.graph_runner.warmup(runner._run_padding_batch)
         return len(set(runner.graph_runner._kind_of))
 
-    assert eng.worker.call(mix, timeout=300) == 2
+    assert eng.worker.call(mix, timeout=300) == 2  # kinds (the model scope traces them all in one graph)
     seen = count_compiled(eng)
     compiled = eng.generate(input_ids=prompts, sampling_params=GREEDY)
     assert {4} <= set(seen)
@@ -176,3 +186,10 @@ def test_compiled_decode_with_mixed_layers_equals_eager(tmp_path: Path, engine_f
     assert eng.flush_cache()
     again = eng.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in compiled] == [o["output_ids"] for o in again]
+
+
+def test_compile_scope_is_checked() -> None:
+    from radixrt.worker.graph_runner import DecodeGraphRunner
+
+    with pytest.raises(ValueError, match="compile_scope"):
+        DecodeGraphRunner(None, None, 4, "stack")  # type: ignore[arg-type]

@@ -100,8 +100,9 @@ def test_reference_gather_path_equals_transformers(gemma3: Path, engine_factory)
     assert [o["output_ids"] for o in outs] == _expect(gemma3, prompts)
 
 
-def test_compiled_decode_equals_transformers(gemma3: Path, engine_factory) -> None:
-    eng = engine_factory(gemma3, disable_compile=False, compile_max_bs=2)
+@pytest.mark.parametrize("scope", ["layer", "model"])
+def test_compiled_decode_equals_transformers(gemma3: Path, scope: str, engine_factory) -> None:
+    eng = engine_factory(gemma3, disable_compile=False, compile_max_bs=2, compile_scope=scope)
     prompts = prompts_of([30, 70], seed=6)
     outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in outs] == _expect(gemma3, prompts)

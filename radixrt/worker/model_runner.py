@@ -138,7 +138,9 @@ class ModelRunner:
         elif self.device.type == "cuda":
             self._init_cuda_graphs()
         elif not args.disable_compile:
-            self.graph_runner = DecodeGraphRunner(self.model, self.backend, args.compile_max_bs)
+            self.graph_runner = DecodeGraphRunner(
+                self.model, self.backend, args.compile_max_bs, args.compile_scope
+            )
             self.graph_runner.warmup(self._run_padding_batch)
         logger.info(
             "model %s (%s, %s, quantization %s): KV pool %d tokens, %.1f MiB, page_size %d",
