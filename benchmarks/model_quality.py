@@ -55,6 +55,7 @@ MODES: dict[str, dict[str, Any]] = {
     "int8 (bf16)": {"dtype": "bfloat16", "quantization": "int8"},
     "int4 (bf16)": {"dtype": "bfloat16", "quantization": "int4"},
     "gguf Q4_1 blocks (bf16)": {"dtype": "bfloat16", "quantization": "gguf"},
+    "gguf + int8 dense GEMMs (bf16)": {"dtype": "bfloat16", "quantization": "gguf", "dense_gemm_int8": True},
 }
 
 

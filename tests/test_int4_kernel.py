@@ -118,6 +118,28 @@ def test_two_plane_gguf_blocks_run_as_one_8bit_code(qtype: str) -> None:
     _check_close(planes(x), x, _dequantized(codes, scales, zeros, 32))
 
 
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 576, 1536), (37, 200, 45), (64, 1536, 576), (5, 7, 3)])
+def test_int8_activation_ops_equal_their_torch_formulas(m: int, k: int, n: int) -> None:
+    """quant_rows / dequant_rows (--dense-gemm-int8's fused passes) compute exactly the torch expressions
+    w8a8_linear falls back to: the fp32 absmax / 127 scale, round-half-even codes, the rescaled bf16 output."""
+    g = torch.Generator().manual_seed(m * k + n)
+    x = (torch.randn(m, k, generator=g) * 3).bfloat16()
+    x[0, : min(k, 4)] = torch.tensor([127.0, -63.5, 0.5, -1.5][: min(k, 4)]).bfloat16()  # ties at scale 1
+    if m > 2:
+        x[2] = 0
+    xq, sx = torch.ops.radixrt_int4.quant_rows(x)
+    xf = x.float()
+    amax = xf.abs().amax(1, keepdim=True)
+    want_s = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    assert torch.equal(sx, want_s) and torch.equal(xq, torch.round(xf / want_s).to(torch.int8))
+    acc = torch.randint(-(2**24), 2**24, (m, n), generator=g, dtype=torch.int32)
+    ws = torch.rand(n, generator=g) * 1e-3
+    y = torch.ops.radixrt_int4.dequant_rows(acc, sx, ws)
+    assert torch.equal(y, (acc.float() * sx * ws).bfloat16())
+    with pytest.raises(RuntimeError, match="sx must be"):
+        torch.ops.radixrt_int4.dequant_rows(acc, sx[:-1] if m > 1 else sx.double(), ws)
+
+
 def test_empty_batch_and_extreme_codes() -> None:
     codes, scales, zeros = _weights(1, 32, 64, 32, seed=1)
     codes[0, :16] = 15

@@ -71,6 +71,46 @@ def test_dense_twin_from_the_threshold_kernel_below(dtype: torch.dtype) -> None:
         assert torch.equal(m(large.reshape(2, 2, -1)).reshape(4, -1), y)  # leading dims are rows
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_twin_multiplies_the_rounded_operands(dtype: torch.dtype) -> None:
+    """--dense-gemm-int8: below the threshold the kernel, bit for bit; from it up the product of the weight
+    requantized per output row and the activations rounded per row (exact int32 sums, one output rounding),
+    within both roundings' bound of the exact product by the reference weight; no dense copy kept."""
+    from radixrt.layers.quant_linear import quantize_int8_symmetric
+
+    for m in _modules(dtype):
+        small = _rand(3, m.in_features, seed=20, scale=1.0).to(dtype)
+        large = _rand(40, m.in_features, seed=21, scale=1.0).to(dtype)
+        large[0] = 0  # an all-zero row: scale 1, output the bias
+        kernel_small = m(small)
+        kept = m.keep_dense_weight(min_tokens=4, int8=True)
+        assert m.dense_weight is None and m.dense_int8 is not None
+        assert kept == m.in_features * m.out_features + 4 * m.out_features
+        assert torch.equal(m(small), kernel_small)
+        y = m(large).float()
+        w = m.reference_weight(dtype).double()
+        codes, ws = quantize_int8_symmetric(w.float())
+        x32 = large.float()  # the activations' scale is formed in float32, as the module forms it
+        sx32 = x32.abs().amax(1, keepdim=True) / 127
+        sx32[0] = 1.0
+        xq = torch.round(x32 / sx32).double()
+        xf, sx = large.double(), sx32.double()
+        rounded = (xq @ codes.double().T) * sx * ws.double()[None, :]  # the same operands, exactly
+        ref = xf @ w.T  # the exact product by the reference weight
+        out_u = 2.0**-23 if dtype == torch.float32 else BF16_U
+        tol = 2 * out_u * rounded.abs() + 1e-6  # the product rounded to the dtype, then the bias added
+        if m.bias is not None:
+            rounded, ref = rounded + m.bias.double(), ref + m.bias.double()
+            tol = tol + 2 * out_u * rounded.abs()
+        assert torch.all((y - rounded).abs() <= tol), (y - rounded).abs().max()
+        bound = 0.5 * (
+            xf.abs() @ (ws.double()[:, None] * torch.ones_like(w)).T + sx * w.abs().sum(1)[None, :]
+        )
+        bound = bound + 0.25 * sx * ws.double()[None, :] * m.in_features + 2 * out_u * ref.abs() + 1e-6
+        assert torch.all((y - ref).abs() <= bound)
+        assert torch.equal(y[0], torch.zeros_like(y[0]) if m.bias is None else m.bias.to(dtype).float())
+
+
 def test_keep_dense_weights_on_a_model() -> None:
     """Every weight-only linear gets its twin once (a shared module too); dense GGUF tensors need none."""
     lin = Int4Linear.from_float(_rand(32, 64, seed=4), compute_dtype=torch.bfloat16)
@@ -98,3 +138,46 @@ def test_default_quantization_per_dtype(caplog: pytest.LogCaptureFixture) -> Non
         assert resolve_quantization("int4", None, torch.bfloat16) == "int4"
         assert resolve_quantization("none", gguf_file, torch.float32) == "none"
         assert caplog.text == ""
+
+
+def test_int8_dense_gemms_on_the_embedded_model() -> None:
+    """--dense-gemm-int8 on the embedded GGUF model: a 70-token prompt (one batch above the threshold) is
+    scored close to the float32 dequantized model (the oracle): within 8x the mean |logprob| difference of the
+    bf16 default (dense bf16 copy) plus 0.05 nats (measured: ~0.24 against ~0.05 nats; rounding every
+    activation row to int8 costs that much on this 135M model, docs/cpu.md), so the int8 path multiplies by
+    the right weights and scales (a wrong code, scale or row is off by nats), and no bf16 copy is kept."""
+    from radixrt import Engine
+    from radixrt.layers import QuantLinearBase
+
+    text = (
+        "Thought: I need to search for the director of the film, then find the year the director was born. "
+        "Action: Search[the film] Observation: The film was directed by a French director and released in "
+        "1962 to wide acclaim; it won the Golden Lion at the Venice festival that year."
+    )
+    runs = {"int8": {"dtype": "bfloat16", "dense_gemm_int8": True}, "bf16": {"dtype": "bfloat16"},
+            "fp32": {"dtype": "float32"}}  # fmt: skip
+    scores = {}
+    for name, kw in runs.items():
+        engine = Engine(max_total_tokens=4096, disable_compile=True, **kw)
+        try:
+            if name == "int8":
+
+                def dense(s) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+                    mods = [m for m in s.runner.model.modules() if isinstance(m, QuantLinearBase)]
+                    return sum(m.dense_int8 is not None for m in mods), sum(
+                        m.dense_weight is not None for m in mods
+                    )
+
+                with_int8, with_bf16 = engine.worker.call(dense, timeout=60)
+                assert with_int8 > 100 and with_bf16 == 0
+            meta = engine.generate(
+                text, sampling_params={"temperature": 0, "max_new_tokens": 1},
+                return_logprob=True, logprob_start_len=0,
+            )["meta_info"]  # fmt: skip
+            scores[name] = torch.tensor([e[0] for e in meta["input_token_logprobs"][1:]])
+        finally:
+            engine.shutdown()
+    assert len(scores["fp32"]) >= 40
+    ours = float((scores["int8"] - scores["fp32"]).abs().mean())
+    dense = float((scores["bf16"] - scores["fp32"]).abs().mean())
+    assert ours <= 8 * dense + 0.05, (ours, dense)

@@ -116,13 +116,14 @@ QUANT_METHODS: dict[str, QuantMethod] = {
 QUANTIZATION_CHOICES: tuple[str, ...] = tuple(QUANT_METHODS)
 
 
-def keep_dense_weights(model: nn.Module, min_tokens: int) -> int:
+def keep_dense_weights(model: nn.Module, min_tokens: int, int8: bool = False) -> int:
     """Give every weight-only quantized linear of ``model`` its dense twin for batches of ``>= min_tokens``
     rows (:meth:`QuantLinearBase.keep_dense_weight`); returns the bytes kept (0 when none is quantized).
 
     Prefill and extend batches then run oneDNN's dense GEMM (~800 GFLOP/s in bf16 on 2 AVX512-BF16 cores
     at a few hundred rows, against ~300 for the int4 kernel and ~250 for int8 at any batch size), decode
-    steps the quantized kernel, which reads a quarter of the bytes.
+    steps the quantized kernel, which reads a quarter of the bytes. ``int8``: an int8 copy multiplied with
+    int8 activations instead (``--dense-gemm-int8``).
     """
     if min_tokens < 1:
         raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
@@ -131,7 +132,7 @@ def keep_dense_weights(model: nn.Module, min_tokens: int) -> int:
     for mod in model.modules():
         if isinstance(mod, QuantLinearBase) and not isinstance(mod, DenseLinear) and id(mod) not in done:
             done.add(id(mod))
-            kept += mod.keep_dense_weight(min_tokens)
+            kept += mod.keep_dense_weight(min_tokens, int8)
     return kept
 
 

@@ -85,6 +85,7 @@ def apply_quantization(
     gguf_file: Path | None,
     dense_min_tokens: int = 0,
     int4_kernel: str = "auto",
+    dense_int8: bool = False,
 ) -> None:
     """Replace the model's linears in place according to ``method`` (see the module docstring).
 
@@ -93,7 +94,8 @@ def apply_quantization(
     ``dense_min_tokens`` > 0: the quantized linears also keep their dequantized weights for batches of at
     least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``).
     ``int4_kernel`` "auto": in bf16, int4 linears run radixrt's AVX512-BF16 kernel where it can run here
-    (``--int4-kernel``; the reason is logged where it cannot); "torch": torch's kernel."""
+    (``--int4-kernel``; the reason is logged where it cannot); "torch": torch's kernel. ``dense_int8``: the
+    large-batch copies are int8 with int8 activations (``--dense-gemm-int8``)."""
     if method == "none":
         return
     if method in ("int8", "int4"):
@@ -105,11 +107,12 @@ def apply_quantization(
         _use_int4_kernel(model)
     if dense_min_tokens > 0:
         t0 = time.perf_counter()
-        kept = keep_dense_weights(model, dense_min_tokens)
+        kept = keep_dense_weights(model, dense_min_tokens, dense_int8)
         logger.info(
-            "quantized linears keep their weights dequantized to %s for batches of >= %d tokens: +%.0f MiB, "
+            "quantized linears keep their weights %s for batches of >= %d tokens: +%.0f MiB, "
             "%.1f s (--dense-gemm-min-tokens 0: off)",
-            _name(model.config.dtype), dense_min_tokens, kept / 2**20, time.perf_counter() - t0,
+            "requantized to int8 (int8 activations)" if dense_int8 else f"dequantized to {_name(model.config.dtype)}",
+            dense_min_tokens, kept / 2**20, time.perf_counter() - t0,
         )  # fmt: skip
 
 

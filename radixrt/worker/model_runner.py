@@ -83,7 +83,7 @@ class ModelRunner:
                                  "stacked experts run unquantized so far (--quantization none)")  # fmt: skip
             apply_quantization(
                 self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens,
-                args.int4_kernel,
+                args.int4_kernel, args.dense_gemm_int8,
             )  # fmt: skip
         kv_heads = cfg.num_kv_heads // tp
         kv_dtype = kv_storage_dtype(args.kv_cache_dtype, cfg.dtype)

@@ -39,7 +39,9 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -291,14 +293,94 @@ at::Tensor u8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
   return out;
 }
 
+// Per-row symmetric int8 quantization of bf16 activations: xq = round(x / sx) with sx = absmax / 127 (1 for a
+// zero row), in fp32, rounding half to even; one pass over x per row, rows split over threads.
+std::tuple<at::Tensor, at::Tensor> quant_rows(const at::Tensor& x) {
+  check_x(x, "radixrt_int4::quant_rows");
+  const int64_t m = x.size(0), k = x.size(1);
+  at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
+  at::Tensor sx = at::empty({m, 1}, x.options().dtype(at::kFloat));
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  int8_t* qp = xq.data_ptr<int8_t>();
+  float* sp = sx.data_ptr<float>();
+  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* row = xp + r * k;
+      float amax = 0.f;
+      int64_t t = 0;
+      __m512 vmax = _mm512_setzero_ps();
+      for (; t + 16 <= k; t += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(bf16x16_to_f32(row + t)));
+      amax = _mm512_reduce_max_ps(vmax);
+      for (; t < k; ++t) {
+        uint32_t bits = static_cast<uint32_t>(row[t]) << 16;
+        float v;
+        std::memcpy(&v, &bits, 4);
+        amax = std::max(amax, std::fabs(v));
+      }
+      const float s = amax > 0.f ? amax / 127.f : 1.f;
+      sp[r] = s;
+      const __m512 vs = _mm512_set1_ps(s);
+      int8_t* out = qp + r * k;
+      for (t = 0; t + 16 <= k; t += 16) {
+        const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(bf16x16_to_f32(row + t), vs),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + t), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(q)));
+      }
+      for (; t < k; ++t) {
+        uint32_t bits = static_cast<uint32_t>(row[t]) << 16;
+        float v;
+        std::memcpy(&v, &bits, 4);
+        out[t] = static_cast<int8_t>(std::nearbyint(v / s));
+      }
+    }
+  });
+  return {xq, sx};
+}
+
+// y[m, n] (bf16) = acc[m, n] (int32) * sx[m] * ws[n], in fp32, rounded once to bf16.
+at::Tensor dequant_rows(const at::Tensor& acc, const at::Tensor& sx, const at::Tensor& ws) {
+  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt && acc.is_contiguous(),
+              "radixrt_int4::dequant_rows: acc must be a contiguous 2-D int32 tensor");
+  const int64_t m = acc.size(0), n = acc.size(1);
+  TORCH_CHECK(sx.scalar_type() == at::kFloat && sx.is_contiguous() && sx.numel() == m && ws.scalar_type() == at::kFloat &&
+                  ws.is_contiguous() && ws.numel() == n,
+              "radixrt_int4::dequant_rows: sx must be float32 [M], ws float32 [N]");
+  at::Tensor y = at::empty({m, n}, acc.options().dtype(at::kBFloat16));
+  const int32_t* ap = acc.data_ptr<int32_t>();
+  const float* sp = sx.data_ptr<float>();
+  const float* wp = ws.data_ptr<float>();
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  at::parallel_for(0, m, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const __m512 s = _mm512_set1_ps(sp[r]);
+      int64_t t = 0;
+      for (; t + 16 <= n; t += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(ap + r * n + t)), s),
+                                       _mm512_loadu_ps(wp + t));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(yp + r * n + t), (__m256i)_mm512_cvtneps_pbh(v));
+      }
+      for (; t < n; ++t) {
+        const float v = static_cast<float>(ap[r * n + t]) * sp[r] * wp[t];
+        at::BFloat16 b(v);
+        std::memcpy(yp + r * n + t, &b, 2);
+      }
+    }
+  });
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixrt_int4, m) {
   m.def("mm(Tensor x, Tensor codes, Tensor sz, int group_size) -> Tensor");
   m.def("mm_u8(Tensor x, Tensor codes, Tensor sz, int group_size) -> Tensor");
+  m.def("quant_rows(Tensor x) -> (Tensor, Tensor)");
+  m.def("dequant_rows(Tensor acc, Tensor sx, Tensor ws) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) {
   m.impl("mm", &int4_mm);
   m.impl("mm_u8", &u8_mm);
+  m.impl("quant_rows", &quant_rows);
+  m.impl("dequant_rows", &dequant_rows);
 }
