@@ -42,6 +42,7 @@ HEADERS = {
     "extend256": "extend 256 over 3k cached",
 }
 RADIX = "radixrt (defaults)"
+RADIX_INT8 = "radixrt --dense-gemm-int8"
 SETTLE_S = 0.5  # OpenMP / TBB workers spin ~200 ms after their last parallel region
 OPENVINO_SETUP = "pip install openvino-genai==2026.4.1"
 LLAMA_CPP_SETUP = "pip install llama-cpp-python==0.3.36"
@@ -64,11 +65,11 @@ class RadixPeer:
 
     max_batch = 1 << 30
 
-    def __init__(self, gguf: Path | None, kv_tokens: int = 80_000) -> None:
+    def __init__(self, gguf: Path | None, kv_tokens: int = 80_000, name: str = RADIX, **flags: Any) -> None:
         from radixrt import Engine
 
-        self.name = RADIX
-        kw: dict[str, Any] = {"max_total_tokens": kv_tokens}
+        self.name = name
+        kw: dict[str, Any] = {"max_total_tokens": kv_tokens, **flags}
         if gguf is not None:
             kw["model_path"] = str(gguf)
         self.engine = Engine(**kw)
@@ -220,13 +221,19 @@ def missing(module: str, setup: str) -> str | None:
 def build_peers(
     gguf: Path, threads: int, names: list[str], log: Callable[[str], None] = print
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The peers of ``names`` (radixrt, openvino, openvino-llm, llama.cpp) that can run here; and
+    """The peers of ``names`` (radixrt, radixrt-int8, openvino, openvino-llm, llama.cpp) that can run here; and
     ``{"skipped": {name: why}, "startup_s": {system: seconds}}``. radixrt loads the embedded model
     through its default path when ``gguf`` is that file (the same file either way)."""
     from radixrt.models.embedded import embedded_gguf_path
 
     makers: dict[str, tuple[str | None, Callable[[], Any]]] = {
         "radixrt": (None, lambda: RadixPeer(None if gguf == embedded_gguf_path() else gguf)),
+        "radixrt-int8": (
+            None,
+            lambda: RadixPeer(
+                None if gguf == embedded_gguf_path() else gguf, name=RADIX_INT8, dense_gemm_int8=True
+            ),
+        ),
         "openvino": (missing("openvino_genai", OPENVINO_SETUP), lambda: OpenVINOPeer(gguf, threads)),
         "openvino-llm": (missing("openvino_genai", OPENVINO_SETUP), lambda: OpenVINOLLMPeer(gguf, threads)),
         "llama.cpp": (missing("llama_cpp", LLAMA_CPP_SETUP), lambda: LlamaCppPeer(gguf, threads)),
@@ -253,7 +260,7 @@ def versions(peers: list[Any]) -> dict[str, str]:
     """The version of each system's package."""
     from importlib.metadata import version
 
-    dist = {RADIX: "radixrt", "OpenVINO CB": "openvino-genai", "OpenVINO LLMPipeline": "openvino-genai",
+    dist = {RADIX: "radixrt", RADIX_INT8: "radixrt", "OpenVINO CB": "openvino-genai", "OpenVINO LLMPipeline": "openvino-genai",
             "llama.cpp": "llama-cpp-python"}  # fmt: skip
     return {p.name: version(dist[p.name]) for p in peers}
 
