@@ -164,18 +164,10 @@ def int4_mm(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:
     return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()
 
 
-class U8Packed:
-    """One linear's 8-bit codes in the layout of ``radixrt_int4::mm_u8``: ``codes`` uint8 ``[N/16, K/2, 32]``
-    and ``sz`` float32 ``[N/16, K/G, 2, 16]`` (per group, the 16 columns' scales, then ``zero - 136 * scale``),
-    for ``out_features`` of the padded N."""
-
-    def __init__(self, codes: torch.Tensor, sz: torch.Tensor, group_size: int, out: int) -> None:
-        self.codes, self.sz = codes, sz
-        self.group_size = group_size
-        self.out_features = out
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.sz))
+class U8Packed(Int4Packed):
+    """One linear's 8-bit codes in the layout of ``radixrt_int4::mm_u8`` (the same fields as
+    :class:`Int4Packed`): ``codes`` uint8 ``[N/16, K/2, 32]`` and ``sz`` float32 ``[N/16, K/G, 2, 16]`` (per
+    group, the 16 columns' scales, then ``zero - 136 * scale``), for ``out_features`` of the padded N."""
 
 
 def pack_u8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> U8Packed:
