@@ -114,6 +114,49 @@ def test_streamed_reassembles_to_non_streamed(
         assert len(reasoning_pieces) <= 1
 
 
+def test_responses_api_splits_reasoning(srv: tuple[str, ServerProcess], client: openai.OpenAI) -> None:
+    """/v1/responses: the reasoning is a ``reasoning`` item (the chat route's ``reasoning_content``, same
+    greedy request), counted in ``reasoning_tokens``; streamed as ``response.reasoning_text.delta`` events
+    that add up to it; a continuation by ``previous_response_id`` renders it back (``reasoning_content``),
+    so its prompt equals the chat route's for the same conversation and the first turn is a cache hit."""
+    text = f"Think about {uuid.uuid4().hex}, then answer."
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}], **GREEDY)
+    thought = (chat.choices[0].message.model_extra or {})["reasoning_content"]
+    kw: dict[str, Any] = {"model": "m", "input": text, "temperature": 0, "max_output_tokens": 12}
+    resp = client.responses.create(**kw)
+    assert resp.output[0].type == "reasoning"
+    assert resp.output[0].content is not None and resp.output[0].content[0].text == thought
+    assert resp.usage is not None and 0 < resp.usage.output_tokens_details.reasoning_tokens <= 12
+    events = list(client.responses.create(**kw, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == thought
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [i.type for i in final.output] == [i.type for i in resp.output]
+    follow = client.responses.create(
+        model="m", previous_response_id=resp.id, input="Go on.", max_output_tokens=2
+    )
+    again = client.chat.completions.create(
+        model="m", max_tokens=2,
+        messages=[{"role": "user", "content": text},
+                  {"role": "assistant", "content": chat.choices[0].message.content or "",
+                   "reasoning_content": thought},  # type: ignore[typeddict-unknown-key]
+                  {"role": "user", "content": "Go on."}],
+    )  # fmt: skip
+    assert follow.usage is not None and again.usage is not None
+    assert follow.usage.input_tokens == again.usage.prompt_tokens
+    # cached: at least what the first turn's prompt shares with the second's (a template may render a
+    # past assistant turn unlike its generation prompt, as OPENS_THINK does with its "<think>")
+    history = [{"role": "user", "content": text}]
+    with srv[1].client() as c:
+        ids = [
+            c.post("/tokenize", json={"messages": m}).json()["tokens"]
+            for m in (history, [*history, {"role": "assistant", "content": ""}])
+        ]
+    shared = next((k for k, (a, b) in enumerate(zip(*ids, strict=False)) if a != b), len(ids[0]))
+    assert shared > len(ids[0]) // 2
+    assert follow.usage.input_tokens_details.cached_tokens >= shared
+
+
 def test_constrained_output_is_all_answer(srv: tuple[str, ServerProcess], client: openai.OpenAI) -> None:
     """A grammar constrains the output from its first token: no room for reasoning, nothing split off."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -234,6 +234,44 @@ def test_previous_response_id_tool_loop_hits_the_cache(client: openai.OpenAI, se
         wait_idle(c)
 
 
+def test_input_items_list_the_conversation(client: openai.OpenAI, server: ServerProcess) -> None:
+    """GET /v1/responses/{id}/input_items: what the model saw, oldest first with ``order="asc"`` (the
+    previous turn's input and output, then this turn's input), newest first by default, paged by the
+    SDK's cursor (``after``) with the same items as one page."""
+    system = fresh()
+    first = client.responses.create(
+        model="m", instructions=system, input="Weather in Rome?", tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=False, max_output_tokens=120, temperature=0,
+    )  # fmt: skip
+    call = calls_of(first)[0]
+    given = [
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"},
+        {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?"}]},
+    ]
+    second = client.responses.create(
+        model="m", instructions=system, previous_response_id=first.id, input=given, max_output_tokens=4
+    )
+    items = list(client.responses.input_items.list(second.id, order="asc", limit=100))
+    kinds = [i.type for i in items]
+    assert kinds == ["message", *[o.type for o in first.output], "function_call_output", "message"]
+    assert items[0].role == "user" and items[0].content[0].text == "Weather in Rome?"  # type: ignore[union-attr]
+    assert [i.id for i in items[1 : 1 + len(first.output)]] == [o.id for o in first.output]
+    assert items[-2].call_id == call.call_id and items[-2].output == "Sunny, 24 C"  # type: ignore[union-attr]
+    assert items[-1].content[0].text == "And tomorrow?"  # type: ignore[union-attr]
+    assert len({i.id for i in items}) == len(items)
+    newest_first = list(client.responses.input_items.list(second.id))
+    assert [i.id for i in newest_first] == [i.id for i in reversed(items)]
+    paged = list(client.responses.input_items.list(second.id, order="asc", limit=2))  # the SDK pages on
+    assert [i.id for i in paged] == [i.id for i in items]
+    first_items = list(client.responses.input_items.list(first.id))
+    assert [i.type for i in first_items] == ["message"]
+    with server.client() as c:
+        for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_nope", "after")):
+            r = c.get(f"/v1/responses/{second.id}/input_items?{query}")
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert c.get("/v1/responses/resp_nope/input_items").status_code == 404
+
+
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]},
@@ -241,7 +279,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"input": "x", "tools": [{"type": "function", "name": "f b"}]}, "tools[0].name"),
     ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]}, "input[0].encrypted_content"),
+    ({"input": [{"type": "reasoning", "summary": [], "content": [{"type": "text", "text": "x"}]}]},
+     "input[0].content[0]"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0].call_id"),
@@ -291,6 +332,8 @@ def test_tenants_see_only_their_own_responses(launch_server: Any, tmp_path: Any)
         rid = r.json()["id"]
         assert alpha.get(f"/v1/responses/{rid}").json()["id"] == rid
         assert beta.get(f"/v1/responses/{rid}").status_code == 404
+        assert alpha.get(f"/v1/responses/{rid}/input_items").json()["data"][0]["type"] == "message"
+        assert beta.get(f"/v1/responses/{rid}/input_items").status_code == 404
         assert beta.delete(f"/v1/responses/{rid}").status_code == 404
         r = beta.post(
             "/v1/responses", json={"input": "x", "previous_response_id": rid, "max_output_tokens": 2}

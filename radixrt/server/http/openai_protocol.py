@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from transformers import PreTrainedTokenizerBase
 
-from radixrt.server.http.chat_prompt import encode_chat
+from radixrt.server.http.chat_prompt import encode_chat, special_texts
 from radixrt.server.http.errors import APIError
 from radixrt.server.http.limits import tokenize_texts
 from radixrt.server.http.tool_calls import ToolPlan, ToolSupport, check_call_args
@@ -167,6 +167,9 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # an assistant turn's reasoning (vLLM's and SGLang's field), for templates that show it (Qwen3's shows
+    # the current turn's), so a tool loop's prompt repeats what the model wrote and hits the cache
+    reasoning_content: str | None = None
 
 
 class FunctionDef(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -258,6 +261,8 @@ def chat_prompt_ids(
                 parts.append(part.text)
             content = "".join(parts)
         messages.append({"role": m.role, "content": content or "", **_tool_fields(i, m)})
+        if m.reasoning_content:
+            messages[-1]["reasoning_content"] = _reasoning_field(tokenizer, i, m)
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(
             400, "messages: this model has no chat template; use /v1/completions", param="messages"
@@ -267,6 +272,18 @@ def chat_prompt_ids(
         messages = tools.messages(messages, plan)
         kwargs = {**kwargs, **tools.template_kwargs(plan)}
     return encode_chat(tokenizer, messages, kwargs)  # content cannot forge roles
+
+
+def _reasoning_field(tokenizer: PreTrainedTokenizerBase, i: int, m: ChatMessage) -> str:
+    """An assistant message's ``reasoning_content``: refused elsewhere, and when it spells a special
+    token (the template renders it unescaped, so it could forge a role)."""
+    field = f"messages[{i}].reasoning_content"
+    if m.role != "assistant":
+        raise APIError(400, f"{field}: only assistant messages carry reasoning", param=field)
+    text = m.reasoning_content or ""
+    if any(t in text for t in special_texts(tokenizer)):
+        raise APIError(400, f"{field}: must not contain special-token text", param=field)
+    return text
 
 
 def _tool_fields(i: int, m: ChatMessage) -> dict[str, Any]:

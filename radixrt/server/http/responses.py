@@ -22,6 +22,7 @@ from radixrt.server.http.errors import APIError, JSONResponse, as_api_error, bad
 from radixrt.server.http.limits import GENERATION_RESPONSES, OFFLOAD_CHARS, openapi_body
 from radixrt.server.http.openai_api import check_model, tool_constraint
 from radixrt.server.http.openai_protocol import RENAME_CHAT, chat_prompt_ids
+from radixrt.server.http.reasoning_output import reasoning_plan, thinking_opening
 from radixrt.server.http.responses_format import (
     ResponseShell,
     ResponseStream,
@@ -30,6 +31,7 @@ from radixrt.server.http.responses_format import (
     responses_event,
     shell_fields,
 )
+from radixrt.server.http.responses_items import input_item_list, item_page
 from radixrt.server.http.responses_protocol import (
     ResponsesRequest,
     input_messages,
@@ -75,6 +77,7 @@ def build_responses_router(ctx: ServerContext) -> APIRouter:
         req.check()
         tenant = principal_of(request).tenant
         history: list[dict[str, Any]] = []
+        previous = None
         if req.previous_response_id is not None:
             previous = store.get(req.previous_response_id, tenant)
             if previous is None:
@@ -86,6 +89,9 @@ def build_responses_router(ctx: ServerContext) -> APIRouter:
                 )
             history = [dict(m) for m in previous.messages]
         conversation = history + input_messages(req.input, history)
+        items = (previous.input_items + previous.response["output"] if previous is not None else []) + (
+            input_item_list(req.input)
+        )
         try:
             chat = to_chat_request(req, [dict(m) for m in conversation])
             chat.check()
@@ -108,15 +114,21 @@ def build_responses_router(ctx: ServerContext) -> APIRouter:
         if plan is not None:
             params.update(responses_tool_constraint(ctx, tools, plan))
         obj = GenerateReqInput(input_ids=ids, sampling_params=params, stream=req.stream)
-        parsing = None if plan is None else (tools.parser, plan.names)
+        thinking = reasoning_plan(ctx.args.reasoning_parser, ctx.tokenizer, chat, plan, ids)
+        if thinking is not None and ctx.args.strip_thinking_cache:
+            obj.strip_thinking = thinking_opening(thinking, ctx.tokenizer)
         shell = ResponseShell(
-            new_id("resp"), shell_fields(ctx.model_name, req, req.echo_tools(), req.previous_response_id)
+            new_id("resp"),
+            shell_fields(ctx.model_name, req, req.echo_tools(), req.previous_response_id),
+            tools=None if plan is None else (tools.parser, plan.names),
+            reasoning=thinking,
+            count_tokens=lambda text: len(ctx.tokenizer.encode(text, add_special_tokens=False)),
         )
 
         def keep(response: dict[str, Any]) -> None:
             if req.store:
                 messages = [*conversation, assistant_message(response["output"])]
-                store.put(shell.id, tenant, response, messages)
+                store.put(shell.id, tenant, response, messages, items)
 
         agen = ctx.generate(request, obj)
         try:
@@ -131,10 +143,10 @@ def build_responses_router(ctx: ServerContext) -> APIRouter:
             await agen.aclose()
             raise error
         if not req.stream:
-            response = shell.final(first, parsing)
+            response = shell.final(first)
             keep(response)
             return JSONResponse(response)
-        stream = ResponseStream(shell, parsing)
+        stream = ResponseStream(shell)
         return SSEResponse(_events(stream, first, agen, keep), on_disconnect=ctx.metrics.aborted.inc)
 
     @router.get("/v1/responses/{response_id}")
@@ -143,6 +155,20 @@ def build_responses_router(ctx: ServerContext) -> APIRouter:
         if entry is None:
             raise _not_found(response_id)
         return JSONResponse(entry.response)
+
+    @router.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(
+        request: Request,
+        response_id: str,
+        limit: int = 20,
+        order: str = "desc",
+        after: str | None = None,
+        before: str | None = None,
+    ) -> Response:
+        entry = store.get(response_id, principal_of(request).tenant)
+        if entry is None:
+            raise _not_found(response_id)
+        return JSONResponse(item_page(entry.input_items, limit, order, after, before))
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str) -> Response:

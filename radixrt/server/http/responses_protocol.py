@@ -136,6 +136,7 @@ def input_messages(raw: str | list[Any], history: list[dict[str, Any]]) -> list[
         return [{"role": "user", "content": raw}] if raw else []
     known_calls = {c["id"] for m in history for c in m.get("tool_calls") or []}
     out: list[dict[str, Any]] = []
+    thought = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(raw):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -146,7 +147,12 @@ def input_messages(raw: str | list[Any], history: list[dict[str, Any]]) -> list[
             if role not in MESSAGE_ROLES:
                 field = f"{where}.role"
                 raise APIError(400, f"{field}: must be one of {', '.join(MESSAGE_ROLES)}", param=field)
-            out.append({"role": role, "content": _text_of(item.get("content"), f"{where}.content")})
+            message = {"role": role, "content": _text_of(item.get("content"), f"{where}.content")}
+            if role == "assistant" and thought:
+                message["reasoning_content"], thought = thought, ""
+            out.append(message)
+        elif kind == "reasoning":
+            thought += _reasoning_of(item, where)
         elif kind == "function_call":
             call_id = _string(item, "call_id", where)
             name = _string(item, "name", where)
@@ -161,6 +167,8 @@ def input_messages(raw: str | list[Any], history: list[dict[str, Any]]) -> list[
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                if thought:
+                    out[-1]["reasoning_content"], thought = thought, ""
             known_calls.add(call_id)
         elif kind == "function_call_output":
             call_id = _string(item, "call_id", where)
@@ -175,10 +183,33 @@ def input_messages(raw: str | list[Any], history: list[dict[str, Any]]) -> list[
             field = f"{where}.type"
             raise APIError(
                 400,
-                f"{field}: {kind!r} items are not supported (message, function_call, function_call_output)",
+                f"{field}: {kind!r} items are not supported "
+                "(message, function_call, function_call_output, reasoning)",
                 param=field,
             )
     return out
+
+
+def _reasoning_of(item: dict[str, Any], where: str) -> str:
+    """A ``reasoning`` input item's text: its ``reasoning_text`` content (a summary is not the model's
+    own text and is not rendered; ``encrypted_content`` is refused, this server issues none)."""
+    if item.get("encrypted_content") is not None:
+        field = f"{where}.encrypted_content"
+        raise APIError(400, f"{field}: this server issues no encrypted reasoning", param=field)
+    content = item.get("content") or []
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}.content: must be a list of reasoning_text parts", f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        if not (
+            isinstance(part, dict)
+            and part.get("type") == "reasoning_text"
+            and isinstance(part.get("text"), str)
+        ):
+            field = f"{where}.content[{j}]"
+            raise APIError(400, f"{field}: must be a reasoning_text part", param=field)
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def chat_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:

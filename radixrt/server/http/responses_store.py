@@ -4,7 +4,8 @@ An in-memory store bounded two ways: an entry expires ``ttl_s`` seconds after it
 ``max_items`` entries the oldest go first. Each entry belongs to the tenant that created it: another
 tenant's lookup finds nothing (the route answers 404, as for an id that never existed), so ids cannot be
 probed across tenants. Entries hold the response object as served and the conversation up to and including
-its output, in chat-message form, which a continuation renders again (and finds in the RadixCache).
+its output, in chat-message form, which a continuation renders again (and finds in the RadixCache), and
+the input items the model saw (GET /v1/responses/{id}/input_items).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class StoredResponse:
     response: dict[str, Any]
     messages: list[dict[str, Any]]  # chat messages (no instructions): the input history plus the output
     expires_at: float
+    input_items: list[dict[str, Any]]  # the items the model saw, oldest first (ids included)
 
 
 class ResponsesStore:
@@ -42,11 +44,17 @@ class ResponsesStore:
         return len(self._items)
 
     def put(
-        self, response_id: str, tenant: str | None, response: dict[str, Any], messages: list[dict[str, Any]]
+        self,
+        response_id: str,
+        tenant: str | None,
+        response: dict[str, Any],
+        messages: list[dict[str, Any]],
+        input_items: list[dict[str, Any]] | None = None,
     ) -> None:
         """Store (or replace) a response; expired and, beyond ``max_items``, the oldest entries go."""
         self._items.pop(response_id, None)
-        self._items[response_id] = StoredResponse(tenant, response, messages, self.clock() + self.ttl_s)
+        expires = self.clock() + self.ttl_s
+        self._items[response_id] = StoredResponse(tenant, response, messages, expires, input_items or [])
         self._expire()
         while len(self._items) > self.max_items:
             self._items.popitem(last=False)
