@@ -34,7 +34,16 @@ from frontend_lang.ir import (
     VarScopeEnd,
 )
 from frontend_lang.retention import branch_priority
-from frontend_lang.tool_exec import calls_of, constrained, known_call, parser_of, prompt_text, response_turn
+from frontend_lang.tool_exec import (
+    NativeTurn,
+    calls_of,
+    calls_text,
+    constrained,
+    known_call,
+    parser_of,
+    prompt_text,
+    response_turn,
+)
 from frontend_lang.tools import ToolResult, ToolsPrompt
 
 if TYPE_CHECKING:
@@ -92,7 +101,7 @@ class StreamExecutor:
         self.chat_template = chat_template
         self.stream = stream
         self.text_ = ""
-        self.messages_: list[dict[str, str]] = []
+        self.messages_: list[dict[str, Any]] = []
         self.variables: dict[str, Any] = {}
         self.assigned: set[str] = set()  # variables set by this executor (a fork's own results)
         self.fork_pos = 0  # len(text_) when this executor was forked off its parent
@@ -103,6 +112,7 @@ class StreamExecutor:
         self.cur_role: str | None = None
         self._role_start = 0
         self._role_suffix = ""
+        self._turn = NativeTurn()  # the open assistant turn's tool calls, with a native-tools backend
         self._scopes: dict[str, int] = {}
         self._events: defaultdict[str, threading.Event] = defaultdict(threading.Event)
         # Stream log: (variable being produced or None, appended text); readers wait on ``cond``.
@@ -248,6 +258,7 @@ class StreamExecutor:
             self._role_start,
             self._role_suffix,
         )
+        child._turn = self._turn.copy()
         child.fork_pos = len(self.text_)
         child.fork_depth = self.fork_depth + 1
         child.program = self.program  # the branches are driven by this program's function
@@ -310,7 +321,8 @@ class StreamExecutor:
         elif isinstance(expr, _Join):
             self._join(expr)
         elif isinstance(expr, ToolsPrompt):
-            self._append(prompt_text(parser_of(self.backend), expr.tools))
+            if not self.backend.native_tools():  # else the API carries the tools
+                self._append(prompt_text(parser_of(self.backend), expr.tools))
         elif isinstance(expr, ToolResult):
             self._tool_result(expr)
         else:
@@ -324,13 +336,18 @@ class StreamExecutor:
         prefix, self._role_suffix = self.chat_template.role_prefix_suffix(role, self.messages_)
         self._append(prefix)
         self.cur_role, self._role_start = role, len(self.text_)
+        self._turn = NativeTurn()
 
-    def _role_end(self, role: str) -> None:
+    def _role_end(self, role: str, message: dict[str, Any] | None = None) -> None:
+        """Close ``role``; its chat message is ``message`` when given (a tool result), else its text (with
+        the native tool calls it made, when it made any)."""
         if self.cur_role != role:
             raise NestedRoleError(f"{role}_end() without a matching {role}_begin() (open: {self.cur_role})")
         content = self.text_[self._role_start :]
         self._append(self._role_suffix)
-        self.messages_.append({"role": role, "content": content})
+        if message is None:
+            message = self._turn.message(role, self.text_, self._role_start, content)
+        self.messages_.append(message)
         self.cur_role = None
 
     def _gen(self, expr: Gen) -> None:
@@ -339,6 +356,9 @@ class StreamExecutor:
             params.stop = params.stop_list() + [
                 s for s in self.chat_template.stop_str if s not in params.stop_list()
             ]
+        if expr.tools is not None and self.backend.native_tools():
+            self._gen_native_tools(expr, params)
+            return
         parser = None
         if expr.tools is not None:
             parser = parser_of(self.backend)
@@ -364,13 +384,32 @@ class StreamExecutor:
             self.meta_info[expr.name] = meta
             self.set_var(expr.name, value)
 
+    def _gen_native_tools(self, expr: Gen, params: GenParams) -> None:
+        """``gen(..., tools=...)`` sent as the API's tools: the text is the reply's content followed by
+        its calls written out (`calls_text`); the turn's chat message carries the calls themselves."""
+        assert expr.tools is not None
+        if params.constraint is not None:
+            raise ValueError(f"tools: cannot be combined with {params.constraint}= in one gen")
+        content, calls, meta = self.backend.generate_with_tools(self.context(), params, expr.tools)
+        self._append(content, expr.name)
+        start = len(self.text_)
+        self._append(calls_text(calls), expr.name)
+        self._turn.add(calls, start, len(self.text_))
+        if expr.name is not None:
+            self.meta_info[expr.name] = {**meta, "tool_calls": calls}
+            self.set_var(expr.name, self.text_[start - len(content) :])
+
     def _tool_result(self, expr: ToolResult) -> None:
-        """A tool's result as a user turn (the generic tool prompt's ``<tool_response>``)."""
+        """A tool's result as a user turn (the generic tool prompt's ``<tool_response>``); with a
+        native-tools backend its chat message is ``role: "tool"`` with the call's id."""
         if not known_call(self.meta_info, expr.call_id):
             raise ValueError(f"call_id: {expr.call_id!r} is not a tool call of this program state")
         self._role_begin("user")
         self._append(response_turn(expr.content))
-        self._role_end("user")
+        message = None
+        if self.backend.native_tools():
+            message = {"role": "tool", "tool_call_id": expr.call_id, "content": expr.content}
+        self._role_end("user", message)
 
     def _select(self, expr: Select) -> None:
         method = resolve_method(expr.choices_method)

@@ -5,7 +5,7 @@ when a program first uses tools), so a program's calls read and are constrained 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from frontend_lang.ir import GenParams
@@ -30,7 +30,10 @@ def parser_of(backend: BaseBackend) -> ToolParser:
 
     name = backend.tool_parser_name()
     if name is None:
-        raise ValueError(f"tools: {type(backend).__name__} does not support tools= (use a radixrt backend)")
+        raise ValueError(
+            f"tools: {type(backend).__name__} does not support tools= (use a radixrt backend, or an OpenAI "
+            "chat model: is_chat_model=True)"
+        )
     return get_parser(name)
 
 
@@ -74,3 +77,45 @@ def known_call(meta_info: dict[str, Any], call_id: str) -> bool:
         if calls and any(c.id == call_id for c in calls):
             return True
     return False
+
+
+def calls_text(calls: list[ToolCall]) -> str:
+    """Calls a native-tools backend returned, written into the program's text as the generic tool
+    prompt's format shows them (``<tool_call>{"name", "arguments"}</tool_call>``)."""
+    return "".join(
+        f'<tool_call>\n{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}\n</tool_call>'
+        for c in calls
+    )
+
+
+@dataclass(slots=True)
+class NativeTurn:
+    """The tool calls an open assistant turn made through a native-tools backend, and where their
+    written-out text (`calls_text`) lies in the program's text, so the turn's chat message carries the
+    calls as ``tool_calls`` and only the rest of the text as ``content``."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def copy(self) -> NativeTurn:
+        return NativeTurn(list(self.calls), list(self.spans))
+
+    def add(self, calls: list[ToolCall], start: int, end: int) -> None:
+        self.calls += calls
+        self.spans.append((start, end))
+
+    def message(self, role: str, text: str, role_start: int, content: str) -> dict[str, Any]:
+        """The chat message of a turn whose text is ``content`` (``text[role_start:]`` before the
+        role's suffix)."""
+        if not self.calls:
+            return {"role": role, "content": content}
+        kept, at = [], role_start
+        for start, end in self.spans:
+            kept.append(text[at:start])
+            at = end
+        kept.append(text[at : role_start + len(content)])
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in self.calls
+        ]
+        return {"role": role, "content": "".join(kept), "tool_calls": calls}

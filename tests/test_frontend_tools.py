@@ -148,3 +148,38 @@ def test_tool_calls_over_http(server: ServerProcess) -> None:
         assert "<tool_response>\nsunny\n</tool_response>" in state.text()
     finally:
         endpoint.shutdown()
+
+
+def test_openai_backend_sends_native_tools(server: ServerProcess) -> None:
+    """The same program on the OpenAI backend: the tools go to /v1/chat/completions as ``tools`` (no tool
+    prompt in the program's text), the calls come back from ``message.tool_calls``, and the program's
+    conversation reaches the server as OpenAI messages (an assistant turn with ``tool_calls``, a ``tool``
+    message): the final answer equals the server's answer to that conversation sent by hand."""
+    import openai
+
+    key = server.api_key or "none"
+    backend = sgl.OpenAI("m", base_url=server.url + "/v1", api_key=key)
+    state = one_step.run(question="Weather?", choice="get_weather", result="sunny", backend=backend,
+                         temperature=0)  # fmt: skip
+    (call,) = check_calls(state, {"get_weather"})
+    assert "# Tools" not in state.text() and "<tool_response>\nsunny\n</tool_response>" in state.text()
+    assert state["step"].startswith("<tool_call>") and call.name in state["step"]
+    assert state.get_meta_info("step")["finish_reason"] == "tool_calls"
+    fn = {"name": call.name, "arguments": call.arguments}
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM + "\n\n"},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": call.id, "type": "function", "function": fn}],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as client:
+        direct = client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0)
+    assert state["answer"] == direct.choices[0].message.content
+
+    completion = sgl.OpenAI("m", base_url=server.url + "/v1", api_key=key, is_chat_model=False)
+    bad = one_step.run(question="Hi", choice="required", result="x", backend=completion)
+    assert isinstance(bad.error(), ValueError) and "chat model" in str(bad.error())

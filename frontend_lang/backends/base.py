@@ -9,6 +9,7 @@ from typing import Any
 from frontend_lang.chat_template import ChatTemplate, get_chat_template
 from frontend_lang.choices import ChoicesDecision, ChoicesMethod
 from frontend_lang.ir import GenParams
+from frontend_lang.tools import ToolCall, ToolSpec
 
 
 @dataclass(slots=True)
@@ -17,7 +18,7 @@ class PromptContext:
     retention priority of the program it belongs to (see ``frontend_lang.retention``)."""
 
     text: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]  # OpenAI chat messages (with native tools: tool_calls, role "tool")
     role: str | None
     role_text: str
     priority: int | None = None
@@ -71,6 +72,17 @@ class BaseBackend:
         """The tool-call format of ``gen(..., tools=...)`` (a ``radixrt.server.tool_parsers`` name); None
         when this backend cannot offer tools."""
         return None
+
+    def native_tools(self) -> bool:
+        """Whether ``gen(..., tools=...)`` goes to the API as ``tools`` (`generate_with_tools`) instead of
+        as text in the program's prompt (OpenAI chat models)."""
+        return False
+
+    def generate_with_tools(
+        self, ctx: PromptContext, params: GenParams, spec: ToolSpec
+    ) -> tuple[str, list[ToolCall], dict[str, Any]]:
+        """With `native_tools`: the assistant turn's (text, calls, meta_info) for the tools of ``spec``."""
+        raise NotImplementedError(f"{type(self).__name__} does not send tools to its API")
 
     def supports_constraints(self) -> bool:
         """Whether the runtime enforces ``regex`` / ``json_schema`` (constrained decoding)."""

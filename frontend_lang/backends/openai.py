@@ -3,6 +3,11 @@
 Chat models get the program's finished messages and generate the open assistant turn; completion
 models continue the program's text. ``select`` needs prompt logprobs, which only ``/v1/completions``
 returns (``echo`` + ``logprobs``): completion models score choices that way, chat models refuse.
+
+``gen(..., tools=...)`` on a chat model sends the tools as the API's ``tools`` / ``tool_choice`` /
+``parallel_tool_calls`` and reads ``message.tool_calls``; the program's messages carry them back as an
+assistant message's ``tool_calls`` and ``tool(call_id, ...)`` results as ``role: "tool"`` messages, so the
+server renders the conversation with the model's own tool format (and constrains ``required`` calls itself).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from frontend_lang.backends.base import BackendError, BaseBackend, PromptContext
 from frontend_lang.chat_template import get_chat_template
 from frontend_lang.choices import ChoiceScores, ChoicesDecision, ChoicesMethod
 from frontend_lang.ir import GenParams
+from frontend_lang.tools import ToolCall, ToolSpec
 
 # GenParams fields OpenAI's API has no name for: sent in ``extra_body`` (SGLang/vLLM/radixrt read them).
 _EXTRA = ("top_k", "min_p", "ignore_eos", "min_new_tokens", "stop_token_ids", "regex", "json_schema")
@@ -60,7 +66,7 @@ class OpenAI(BaseBackend):
             kw["extra_body"] = extra
         return kw
 
-    def _messages(self, ctx: PromptContext) -> list[dict[str, str]]:
+    def _messages(self, ctx: PromptContext) -> list[dict[str, Any]]:
         if ctx.role != "assistant":
             raise ValueError(
                 "OpenAI chat models: gen() must be inside an assistant role (assistant(gen(...)))"
@@ -93,6 +99,45 @@ class OpenAI(BaseBackend):
             "finish_reason": [c.finish_reason for c in resp.choices],
         }
         return (texts if len(texts) > 1 else texts[0]), meta
+
+    def native_tools(self) -> bool:
+        return self.is_chat_model
+
+    def generate_with_tools(
+        self, ctx: PromptContext, params: GenParams, spec: ToolSpec
+    ) -> tuple[str, list[ToolCall], dict[str, Any]]:
+        if not self.is_chat_model:
+            raise ValueError("tools: the OpenAI backend sends tools to chat models only (is_chat_model=True)")
+        kw = self._kwargs(params)
+        if kw.get("n", 1) != 1:
+            raise ValueError("n: a gen with tools generates one answer")
+        choice: Any = spec.choice
+        if choice not in ("auto", "required"):
+            choice = {"type": "function", "function": {"name": choice}}
+        try:
+            resp = self.client.chat.completions.create(
+                messages=self._messages(ctx),
+                tools=list(spec.tools),
+                tool_choice=choice,
+                parallel_tool_calls=spec.parallel,
+                **kw,
+            )
+        except ValueError:
+            raise
+        except Exception as exc:  # openai.APIError and transport errors
+            raise BackendError(f"OpenAI backend: {exc}") from exc
+        choice0 = resp.choices[0]
+        calls = [
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in choice0.message.tool_calls or []
+        ]
+        usage = resp.usage
+        meta = {
+            "id": resp.id,
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "completion_tokens": usage.completion_tokens if usage else None,
+            "finish_reason": choice0.finish_reason,
+        }
+        return choice0.message.content or "", calls, meta
 
     def generate_stream(self, ctx: PromptContext, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
         kw = self._kwargs(params)
