@@ -65,6 +65,27 @@ def _check_cache(a: ServerArgs) -> None:
         raise ValueError(f"max_total_tokens: {a.max_total_tokens} is too small")
     if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static <= 1:
         raise ValueError(f"mem_fraction_static: must be in (0, 1], got {a.mem_fraction_static}")
+    if not 0 < a.swa_full_tokens_ratio <= 1:
+        raise ValueError(f"swa_full_tokens_ratio: must be in (0, 1], got {a.swa_full_tokens_ratio}")
+    if a.enable_swa_cache:
+        _check_swa(a)
+
+
+def _check_swa(a: ServerArgs) -> None:
+    """What the sliding-window cache does not combine with (one local-K/V slot space on the device only)."""
+    refused = {
+        "--enable-hierarchical-cache (the host and disk tiers move whole-model K/V)": a.enable_hierarchical_cache,
+        "--kv-cache-dtype fp8_* (one pool of unscaled K/V per layer group)": a.kv_cache_dtype != "auto",
+        "--speculative-algorithm (rejected drafts would give back freed windows)": a.speculative_algorithm
+        is not None,
+        "--disaggregation-mode / --pd (the transfer moves whole-model K/V)": a.disaggregation_mode != "null"
+        or a.pd,
+        "--tenants (reserved shares cover the global layers' pool only)": a.tenants is not None,
+        "--tp-size > 1": a.tp_size > 1,
+    }
+    for what, on in refused.items():
+        if on:
+            raise ValueError(f"enable_swa_cache: not supported with {what}")
 
 
 def _check_serving(a: ServerArgs) -> None:

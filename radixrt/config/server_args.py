@@ -166,6 +166,19 @@ class ServerArgs:
         "Share of the device KV pool, in [0, 1), that TTL pins (a request's cache_control, /pin_prefix) "
         "may hold; a pin that does not fit pins the longest page-aligned prefix that does.",
     )
+    enable_swa_cache: bool = arg(
+        False,
+        "Sliding-window-aware KV cache for models with interleaved local and global attention layers "
+        "(Gemma 3): the local layers' K/V live in a pool of their own and are freed once out of every window "
+        "while the global layers keep the whole prefix; a cached prefix is reused when its last window's "
+        "local K/V is still there (docs/cache.md). cpu only; not with the hierarchical cache, fp8 KV, "
+        "speculative decoding, disaggregation, tenants or tensor parallelism.",
+    )
+    swa_full_tokens_ratio: float = arg(
+        0.25,
+        "With --enable-swa-cache, the local layers' pool in tokens as a share, in (0, 1], of the global "
+        "layers' pool (--max-total-tokens, or what the memory budget sizes at this ratio).",
+    )
     # -- hierarchical KV cache (SGLang's names) -----------------------------------------------------
     enable_hierarchical_cache: bool = arg(
         False,

@@ -7,6 +7,7 @@ the device or on the host (or both); the device-resident nodes form a subtree ha
 
 ``priority`` is the highest request priority that inserted or matched the node (a parent's is never
 lower than its children's); ``pin_ref`` counts the TTL pins whose prefix covers the node (`pins.py`).
+The ``swa_*`` fields belong to the sliding-window cache (`swa_radix_cache.py`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class TreeNode:
 
     __slots__ = (
         "key", "value", "host_value", "on_disk", "children", "parent", "lock_ref", "last_access_time",
-        "hit_count", "id", "tenant", "priority", "pin_ref",
+        "hit_count", "id", "tenant", "priority", "pin_ref", "swa_evicted", "swa_lock_ref", "own_locks",
+        "swa_lock_len",
     )  # fmt: skip
 
     def __init__(
@@ -78,6 +80,13 @@ class TreeNode:
         self.priority = priority
         self.pin_ref = 0  # pins covering this node; each also holds one lock_ref on its deepest node
         self.id = next(_node_ids)  # unique tie-break for the eviction heaps
+        # The sliding-window cache (`SWARadixCache`): whether the local layers' K/V of the node was freed (a
+        # tombstone: the global layers' K/V stays), the locks that keep it, the locks taken at this node and
+        # how many tokens up from its end they keep the local K/V of.
+        self.swa_evicted = False
+        self.swa_lock_ref = 0
+        self.own_locks = 0
+        self.swa_lock_len = 0
 
     @property
     def on_device(self) -> bool:

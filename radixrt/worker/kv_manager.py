@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +19,8 @@ from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.hiradix_cache import HiRadixCache
 from radixrt.mem_cache.radix_cache import MatchResult, RadixCache
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
+from radixrt.mem_cache.swa_pool import SWAAllocator
+from radixrt.mem_cache.swa_radix_cache import SWARadixCache
 from radixrt.transport.protocol import DropPinsReq, ListPinsReq, PinInfo, StatsOut
 from radixrt.worker.req import Req
 
@@ -31,6 +34,16 @@ def build_tree(args: ServerArgs, runner: ModelRunner, model_path: str) -> RadixC
     """The RadixCache, or with ``--enable-hierarchical-cache`` the HiRadixCache with its host tier (and
     the disk tier with ``--hicache-storage-dir``)."""
     max_pinned = int(args.max_pinned_ratio * runner.allocator.total_slots)
+    if isinstance(runner.allocator, SWAAllocator):
+        assert runner.swa_window is not None
+        return SWARadixCache(
+            runner.allocator,
+            runner.swa_window,
+            args.page_size,
+            args.radix_eviction_policy,
+            disable=args.disable_radix_cache,
+            max_pinned_tokens=max_pinned,
+        )
     if not args.enable_hierarchical_cache:
         return RadixCache(
             runner.allocator,
@@ -82,19 +95,37 @@ def build_tree(args: ServerArgs, runner: ModelRunner, model_path: str) -> RadixC
 
 
 class KVManager:
-    """Ties the allocator, the ReqToTokenPool and the RadixCache together for the scheduler."""
+    """Ties the allocator, the ReqToTokenPool and the RadixCache together for the scheduler.
 
-    def __init__(self, allocator: TokenSlotAllocator, req_pool: ReqToTokenPool, tree: RadixCache) -> None:
+    With the sliding-window cache (``--enable-swa-cache``: an `SWAAllocator` and an `SWARadixCache`) it also
+    frees the local-layer K/V of a request's own tokens once they left its window (before every allocation),
+    makes room in the local layers' pool as in the full one, and counts ``swa_recomputed_tokens``: prompt
+    tokens whose full K/V was cached but that were computed again because their window's local K/V was not.
+    """
+
+    def __init__(
+        self, allocator: TokenSlotAllocator | SWAAllocator, req_pool: ReqToTokenPool, tree: RadixCache
+    ) -> None:
         self.allocator = allocator
         self.req_pool = req_pool
         self.tree = tree
         self.page_size = allocator.page_size
         self.tiered = isinstance(tree, HiRadixCache)
+        self.swa: SWAAllocator | None = None
+        self.swa_tree: SWARadixCache | None = None
+        if isinstance(allocator, SWAAllocator):
+            assert isinstance(tree, SWARadixCache), "an SWAAllocator needs the SWARadixCache"
+            self.swa, self.swa_tree = allocator, tree
+        self.swa_rows: dict[int, SWARow] = {}  # pool row -> what of its window bookkeeping
+        self.swa_recomputed_tokens = 0
 
     # -- capacity -------------------------------------------------------------------------------
     def available(self) -> int:
-        """Slots obtainable now: free plus evictable."""
-        return self.allocator.available_size() + self.tree.evictable_size()
+        """Slots obtainable now: free plus evictable (in both pools with the sliding-window cache)."""
+        full = self.allocator.available_size() + self.tree.evictable_size()
+        if self.swa is None or self.swa_tree is None:
+            return full
+        return min(full, self.swa.swa_available_size() + self.swa_tree.swa_evictable_size())
 
     def pages_needed(self, req: Req, num_tokens: int) -> int:
         """Fresh slots (whole pages) that growing ``req`` by ``num_tokens`` takes."""
@@ -106,6 +137,7 @@ class KVManager:
     def alloc(self, req: Req, num_tokens: int) -> bool:
         """Give ``req`` slots for its next ``num_tokens`` tokens (after ``kv_len``), evicting if needed."""
         need = self.pages_needed(req, num_tokens)
+        self.free_out_of_window(req)
         self._make_room(need, req.tenant)
         assert req.req_pool_idx is not None
         row = self.req_pool.req_to_token[req.req_pool_idx]
@@ -120,6 +152,8 @@ class KVManager:
         """One more slot for each request (callers made room first). Batched when pages are single tokens."""
         if self.page_size > 1:
             return all(self.alloc(r, 1) for r in reqs)
+        for r in reqs:
+            self.free_out_of_window(r)
         self._make_room(len(reqs), None)
         slots = self.allocator.alloc(len(reqs))
         if slots is None:
@@ -135,8 +169,29 @@ class KVManager:
         for spare in (True, False):
             short = need - self.allocator.available_size()
             if short <= 0:
-                return
+                break
             self.tree.evict(short, requester=requester, spare_reserved=spare, incoming=need)
+        if self.swa is not None and self.swa_tree is not None:
+            short = need - self.swa.swa_available_size()
+            if short > 0:
+                self.swa_tree.evict_swa(short)
+
+    def free_out_of_window(self, req: Req) -> None:
+        """Sliding-window cache: free the local K/V of ``req``'s pages that no later token attends to (below
+        its page-aligned length less ``window - 1``, so its page-aligned prefix stays matchable): its own
+        pages, and the tree's nodes it inserted since its admission (chunked prefill) that no one locks."""
+        if self.swa is None or self.swa_tree is None or req.req_pool_idx is None or req.last_node is None:
+            return
+        ps, row = self.page_size, req.req_pool_idx
+        st = self.swa_rows[row]
+        end = (req.kv_len // ps * ps - self.swa_tree.keep) // ps * ps
+        start = max(req.cached_len, st.freed_to)
+        if end > start:
+            self.swa.free_swa(self.req_pool.req_to_token[row, start:end])
+            st.freed_to = end
+        hi = min(end, req.cached_len)
+        if hi > st.tomb_to:
+            st.tomb_to = self.swa_tree.tombstone_path(req.last_node, req.cached_len, st.tomb_to, hi)
 
     def yield_pins(self, req: Req, tokens: int) -> int:
         """Release the TTL pins that keep ``req`` from ever holding ``tokens`` tokens (the pool less the
@@ -167,7 +222,13 @@ class KVManager:
         if row is None:
             return False
         ids = req.fill_ids[: req.max_prefix_len()]
-        match = self.tree.match_prefix(ids, req.cache_salt, req.priority)
+        if self.swa_tree is not None:
+            match, lost = self.swa_tree.match_prefix_swa(ids, req.cache_salt, req.priority)
+            if req.retractions == 0 and not req.output_ids:
+                self.swa_recomputed_tokens += lost
+            self.swa_rows[row] = SWARow(tomb_to=len(match.slots))
+        else:
+            match = self.tree.match_prefix(ids, req.cache_salt, req.priority)
         if isinstance(self.tree, HiRadixCache):
             match = self._load_tiers(req, ids, match, self.tree)
         n = len(match.slots)
@@ -218,7 +279,7 @@ class KVManager:
         key = req.fill_ids[:aligned]
         row = self.req_pool.req_to_token[req.req_pool_idx]
         slots = row[:aligned].clone()
-        prefix_len = self.tree.insert(key, slots, req.cache_salt, req.tenant, req.priority)
+        prefix_len = self._insert(req, key, slots)
         if prefix_len > req.cached_len:
             self.allocator.free(slots[req.cached_len : prefix_len])
         match = self.tree.match_prefix(key, req.cache_salt)
@@ -244,7 +305,7 @@ class KVManager:
                 aligned = min(aligned, max(prompt, req.cached_len))
             all_ids = req.origin_input_ids + req.output_ids
             key = all_ids[:aligned]
-            prefix_len = self.tree.insert(key, slots[:aligned], req.cache_salt, req.tenant, req.priority)
+            prefix_len = self._insert(req, key, slots[:aligned])
             if prefix_len > req.cached_len:
                 self.allocator.free(slots[req.cached_len : prefix_len])
             own_from = aligned
@@ -253,8 +314,16 @@ class KVManager:
                 req.pin_id, req.pinned_tokens = self.tree.pin(key, req.cache_salt, req.pin_ttl)
         self.allocator.free(slots[own_from:kv_len])
         self.tree.dec_lock_ref(req.last_node)
+        self.swa_rows.pop(req.req_pool_idx, None)
         self.req_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
+
+    def _insert(self, req: Req, key: list[int], slots: torch.Tensor) -> int:
+        """``tree.insert`` of ``req``'s tokens (telling the sliding-window tree which lost their local K/V)."""
+        if self.swa_tree is not None and req.req_pool_idx is not None:
+            freed_to = self.swa_rows[req.req_pool_idx].freed_to
+            return self.swa_tree.insert(key, slots, req.cache_salt, req.tenant, req.priority, freed_to)
+        return self.tree.insert(key, slots, req.cache_salt, req.tenant, req.priority)
 
     def pins(self, msg: ListPinsReq | DropPinsReq) -> StatsOut:
         """Answer an admin pin request: the live pins, or release one (ok False when unknown) or all."""
@@ -301,6 +370,43 @@ class KVManager:
             assert not live, f"{len(live)} requests still live at idle"
             assert protected == pinned, f"{protected - pinned} tokens still locked (not by pins) at idle"
             assert self.req_pool.available_size() == self.req_pool.size, "ReqToTokenPool rows leaked"
+        if self.swa is not None and self.swa_tree is not None:
+            self._check_swa(live, idle and not pinned)
+
+    def owned_swa_slots(self, req: Req) -> int:
+        """Local-pool slots held by ``req`` outside the tree (its own pages still in its window)."""
+        if req.req_pool_idx is None:
+            return 0
+        ps = self.page_size
+        start = max(req.cached_len, self.swa_rows[req.req_pool_idx].freed_to)
+        return max((req.kv_len + ps - 1) // ps * ps - start, 0)
+
+    def _check_swa(self, live: list[Req], unpinned_idle: bool) -> None:
+        """The local layers' pool: ``free + evictable + protected + in-use == total``, every held page
+        mapped once; at idle without pins nothing locked."""
+        assert self.swa is not None and self.swa_tree is not None
+        tree, swa = self.swa_tree, self.swa
+        tree.check_integrity()
+        free, total = swa.swa_available_size(), swa.swa_total_slots
+        evictable, protected = tree.swa_evictable_size(), tree.swa_protected_size()
+        in_use = sum(self.owned_swa_slots(r) for r in live)
+        assert free + evictable + protected + in_use == total, (
+            f"local KV leak: free {free} + evictable {evictable} + protected {protected} + in-use {in_use} "
+            f"!= {total}"
+        )
+        assert swa.mapped_swa_slots() == total - free, "a local page is free and mapped, or held and unmapped"
+        if unpinned_idle:
+            assert protected == 0, f"{protected} tokens' local K/V still locked at idle"
+            assert not self.swa_rows, f"rows {sorted(self.swa_rows)} still tracked at idle"
+
+
+@dataclass(slots=True)
+class SWARow:
+    """A running request's window bookkeeping: its own tokens below ``freed_to`` have no local K/V; the
+    tree's nodes it inserted are tombstoned up to ``tomb_to`` (from its admission's match on)."""
+
+    freed_to: int = 0
+    tomb_to: int = 0
 
 
 def _reasoned(req: Req) -> bool:

@@ -12,12 +12,13 @@ import torch.distributed as dist
 from radixrt.config.server_args import ServerArgs
 from radixrt.distributed.tensor_parallel import check_divisible, shard_model
 from radixrt.distributed.tp_group import FollowerEntry, TPGroup, init_group, ranks_of_node
-from radixrt.kernels.base import AttentionMetadata, ForwardMode, get_backend_class
+from radixrt.kernels.base import AttentionMetadata, ForwardMode, KVStore, get_backend_class
 from radixrt.kernels.fp8 import is_fp8
 from radixrt.kernels.layer_windows import build_backend
 from radixrt.mem_cache.allocator import TokenSlotAllocator
 from radixrt.mem_cache.kv_pool import KVPool, kv_storage_dtype
 from radixrt.mem_cache.req_to_token import ReqToTokenPool
+from radixrt.mem_cache.swa_pool import LayerGroupKV, SWAAllocator
 from radixrt.models.config import ModelConfig, cpu_has_native_bf16
 from radixrt.models.gguf import gguf_source
 from radixrt.models.loader import load_model
@@ -89,11 +90,18 @@ class ModelRunner:
         kv_dtype = kv_storage_dtype(args.kv_cache_dtype, cfg.dtype)
         if is_fp8(kv_dtype) and tp > 1:
             raise ValueError("kv_cache_dtype: fp8 KV is not supported with tp_size > 1 yet")
-        per_token = KVPool.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, kv_dtype)
+        windows = [cfg.window_of(i) for i in range(cfg.num_layers)]
+        self.swa_window = (
+            swa_window_of(cfg.architecture, windows, self.device) if args.enable_swa_cache else None
+        )
+        n_local = sum(w is not None for w in windows) if self.swa_window is not None else 0
+        ratio = args.swa_full_tokens_ratio
+        per_layer = KVPool.bytes_per_token(1, kv_heads, cfg.head_dim, kv_dtype)
+        per_token = per_layer * (cfg.num_layers - n_local + ratio * n_local)
         if args.max_total_tokens is not None:
             num_slots = args.max_total_tokens
         else:
-            num_slots = kv_budget_bytes(self.device, args.mem_fraction_static) // per_token
+            num_slots = int(kv_budget_bytes(self.device, args.mem_fraction_static) // per_token)
             num_slots = max(min(num_slots, 1 << 22), 4 * self.context_len)
         if tp > 1:  # every rank sizes its pool shard like rank 0's
             box = [num_slots]
@@ -102,22 +110,40 @@ class ModelRunner:
         ps = args.page_size
         num_slots = (num_slots + ps) // ps * ps  # one extra page for the reserved padding page
         self.kv_pool = KVPool(
-            num_slots, cfg.num_layers, kv_heads, cfg.head_dim, cfg.dtype, self.device, store_dtype=kv_dtype
-        )
+            num_slots, cfg.num_layers - n_local, kv_heads, cfg.head_dim, cfg.dtype, self.device,
+            store_dtype=kv_dtype,
+        )  # fmt: skip
         # NOTE: slot bookkeeping (free lists, the request -> slot table, the RadixCache's slots) stays on
         # the host on every device: metadata is built there and copied once per forward.
-        self.allocator = TokenSlotAllocator(num_slots, ps)
+        self.allocator: TokenSlotAllocator | SWAAllocator = TokenSlotAllocator(num_slots, ps)
+        # With --enable-swa-cache: the local layers' pool (kv_pool holds the global layers only).
+        self.swa_pool: KVPool | None = None
+        kv_store: KVStore = self.kv_pool
+        if self.swa_window is not None:
+            swa_slots = (int(num_slots * ratio) + ps) // ps * ps  # one extra page for the padding page
+            budget = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.max_prefill_tokens
+            least = 2 * (budget + self.swa_window) + 4 * ps
+            if swa_slots - ps < least:
+                raise ValueError(
+                    f"swa_full_tokens_ratio: the local layers' pool ({swa_slots - ps} tokens) must hold at least "
+                    f"{least} (twice a prefill chunk of {budget} plus the window of {self.swa_window}): raise "
+                    "--swa-full-tokens-ratio or --max-total-tokens, or lower --chunked-prefill-size"
+                )
+            self.swa_pool = KVPool(swa_slots, n_local, kv_heads, cfg.head_dim, cfg.dtype, self.device)
+            self.allocator = SWAAllocator(num_slots, swa_slots, ps)
+            kv_store = LayerGroupKV(self.kv_pool, self.swa_pool, [w is not None for w in windows])
         self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 8, self.context_len + ps)
         self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
         backend_cls = get_backend_class(self.attention_backend)
         self.backend = build_backend(
             backend_cls,
-            self.kv_pool,
+            kv_store,
             cfg.num_heads // tp,
             kv_heads,
             cfg.head_dim,
             cfg.softmax_scale,
-            [cfg.window_of(i) for i in range(cfg.num_layers)],
+            windows,
+            self.allocator.full_to_swa if isinstance(self.allocator, SWAAllocator) else None,
         )
         if is_fp8(kv_dtype) and self.attention_backend != "torch_native":
             raise ValueError(
@@ -152,6 +178,11 @@ class ModelRunner:
             self.kv_pool.size_bytes / 2**20,
             ps,
         )
+        if self.swa_pool is not None:
+            logger.info(
+                "sliding-window cache: window %d, local layers' pool %d tokens, %.1f MiB",
+                self.swa_window, self.swa_pool.num_slots - ps, self.swa_pool.size_bytes / 2**20,
+            )  # fmt: skip
 
     def _init_tensor_parallel(self, model_path: str | Path, gguf_file: Path | None) -> str:
         """Join the group (rank 0 starts the followers first) and keep this rank's shard."""
@@ -321,3 +352,20 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.logits(hidden)
         return self.model.logits(hidden)
+
+
+def swa_window_of(architecture: str, windows: list[int | None], device: torch.device) -> int:
+    """The one local window of a model whose layers are local (that window) or global (None), for
+    ``--enable-swa-cache``; ValueError for any other model, or off the cpu."""
+    local = {w for w in windows if w is not None}
+    if len(local) != 1 or None not in windows:
+        raise ValueError(
+            f"enable_swa_cache: {architecture} does not interleave sliding-window layers of one window with "
+            "full-attention layers (the window-aware cache is for models such as Gemma 3)"
+        )
+    if device.type != "cpu":
+        raise ValueError(
+            f"enable_swa_cache: --device {device.type} is not supported (cpu only: the GPU backends do not "
+            "read the local layers' slot map)"
+        )
+    return local.pop()
