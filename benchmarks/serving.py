@@ -145,7 +145,7 @@ def _free_port() -> int:
 
 
 def launch(
-    model: Path, server_args: list[str], log: Path, threads: int
+    model: Path | str, server_args: list[str], log: Path, threads: int
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--model-path", str(model), "--port", str(port),

@@ -341,14 +341,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", type=Path, default=RESULTS_DIR / "tool_loop.json")
+    ap.add_argument("--model", default=None,
+                    help="a --model-path for the server (e.g. smollm2, the embedded model); default: the tiny "
+                         "random-weight checkpoint")  # fmt: skip
+    ap.add_argument("--validity-only", action="store_true", help="measure call validity only (no tool loop)")
     args = ap.parse_args()
-    model = bench_checkpoint("tiny", context=8192)
+    model: Path | str = args.model or bench_checkpoint("tiny", context=8192)
     chats = tasks(args.agents, args.seed, (args.calls[0], args.calls[1]))
     info = machine_info(args.threads)
     flags = ["--disable-compile", "--max-total-tokens", "65536"]
     loops: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for radix in (True, False):
+        for radix in (True,) if args.validity_only else (True, False):
             proc, url = launch(model, flags + ([] if radix else ["--disable-radix-cache"]),
                                Path(tmp) / "server.log", args.threads)  # fmt: skip
             try:
@@ -356,6 +360,8 @@ def main() -> None:
                     with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
                         valid = validity(c, args.validity_requests, args.call_max_tokens, args.seed)
                     httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
+                if args.validity_only:
+                    break
                 loops["radix_on" if radix else "radix_off"] = loop_run(url, chats, args, measure=radix)
                 print(
                     {k: {n: v for n, v in r.items() if n != "per_request"} for k, r in loops.items()},
@@ -364,14 +370,19 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(60)
-    on, off = loops["radix_on"], loops["radix_off"]
     workload = {k: getattr(args, k) for k in ("validity_requests", "call_max_tokens", "agents", "calls",
                                               "concurrency", "result_words", "max_tokens", "seed")}  # fmt: skip
+    workload["model"] = str(args.model or "tiny random-weight Llama")
     info["load_avg_at_end"] = list(os.getloadavg())
-    write_json(args.output, {"machine": info, "workload": workload, "validity": valid, "loop": loops,
-                             "speedup": round(on["programs_per_s"] / off["programs_per_s"], 3)})  # fmt: skip
     rows = [[k, str(v["opened"]), str(v["valid"]), f"{100 * v['valid_share']:.1f}%" if v["opened"] else "-"]
             for k, v in valid.items()]  # fmt: skip
+    if args.validity_only:
+        write_json(args.output, {"machine": info, "workload": workload, "validity": valid})
+        print(format_table(["tool_choice", "opened", "valid", "valid share"], rows))
+        return
+    on, off = loops["radix_on"], loops["radix_off"]
+    write_json(args.output, {"machine": info, "workload": workload, "validity": valid, "loop": loops,
+                             "speedup": round(on["programs_per_s"] / off["programs_per_s"], 3)})  # fmt: skip
     print(format_table(["tool_choice", "opened", "valid", "valid share"], rows))
     print(format_table(
         ["radix", "programs/s", "hit rate", "opt (prompts)", "opt (+outputs)", "hit/opt prompts", "hit/opt +outputs"],

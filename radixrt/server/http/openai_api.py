@@ -217,9 +217,12 @@ def _prompt_items(prompt: str | list[Any]) -> list[Any]:
     return list(prompt)
 
 
-async def _serve(
-    ctx: ServerContext, request: Request, obj: GenerateReqInput, fmt: _Formatter, rename: dict[str, str]
-) -> Response:
+async def start_generation(
+    ctx: ServerContext, request: Request, obj: GenerateReqInput, rename: dict[str, str]
+) -> tuple[AsyncIterator[dict[str, Any]], Any] | Response:
+    """Submit ``obj``: (the result stream, its first result — the whole one when not streaming), or the
+    response to send instead when the client has gone (499). A refusal or bad input raises its 4xx, with
+    the field names ``rename`` maps to the route's own."""
     agen = ctx.generate(request, obj)
     try:
         first = await first_or_final(request, agen, obj.stream)
@@ -232,8 +235,18 @@ async def _serve(
     for error in filter(None, map(refused, results)):
         await agen.aclose()
         raise error
+    return agen, first
+
+
+async def _serve(
+    ctx: ServerContext, request: Request, obj: GenerateReqInput, fmt: _Formatter, rename: dict[str, str]
+) -> Response:
+    started = await start_generation(ctx, request, obj, rename)
+    if isinstance(started, Response):
+        return started
+    agen, first = started
     if not obj.stream:
-        return JSONResponse(fmt.response(results))
+        return JSONResponse(fmt.response(first if isinstance(first, list) else [first]))
     return SSEResponse(_events(fmt, first, agen), on_disconnect=ctx.metrics.aborted.inc)
 
 

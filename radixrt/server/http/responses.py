@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from radixrt.server.http.errors import APIError, JSONResponse, as_api_error, bad_request, refused
+from radixrt.server.http.errors import APIError, JSONResponse, as_api_error
 from radixrt.server.http.limits import GENERATION_RESPONSES, OFFLOAD_CHARS, openapi_body
-from radixrt.server.http.openai_api import check_model, tool_constraint
+from radixrt.server.http.openai_api import check_model, start_generation, tool_constraint
 from radixrt.server.http.openai_protocol import RENAME_CHAT, chat_prompt_ids
 from radixrt.server.http.reasoning_output import reasoning_plan, thinking_opening
 from radixrt.server.http.responses_format import (
@@ -40,11 +40,8 @@ from radixrt.server.http.responses_protocol import (
 )
 from radixrt.server.http.responses_store import ResponsesStore
 from radixrt.server.http.streaming import (
-    CLIENT_CLOSED,
-    ClientDisconnected,
     SSEResponse,
     convert,
-    first_or_final,
     read_json,
 )
 from radixrt.server.http.tenants import principal_of
@@ -130,18 +127,10 @@ def build_responses_router(ctx: ServerContext) -> APIRouter:
                 messages = [*conversation, assistant_message(response["output"])]
                 store.put(shell.id, tenant, response, messages, items)
 
-        agen = ctx.generate(request, obj)
-        try:
-            first = await first_or_final(request, agen, req.stream)
-        except ClientDisconnected:
-            ctx.metrics.aborted.inc()
-            return Response(status_code=CLIENT_CLOSED)
-        except ValueError as exc:
-            raise bad_request(exc, RENAME_RESPONSES) from None
-        error = refused(first)
-        if error is not None:
-            await agen.aclose()
-            raise error
+        started = await start_generation(ctx, request, obj, RENAME_RESPONSES)
+        if isinstance(started, Response):
+            return started
+        agen, first = started
         if not req.stream:
             response = shell.final(first)
             keep(response)
