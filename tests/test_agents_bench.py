@@ -31,7 +31,7 @@ pytest_plugins = ["frontend_fixtures", "server_fixtures"]
 
 TINY = Scale(react_shots=1, react_max_tokens=6, react_live_steps=2, rag_k=2, rag_hops=2, rag_max_tokens=5,
              chat_turns=2, chat_user_words=12, chat_short_answer=3, chat_long_answer=6, tot_breadth=2,
-             tot_depth=2, tot_max_tokens=4)  # fmt: skip
+             tot_depth=2, tot_max_tokens=4, tool_max_tokens=4)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.agents import multi_turn, rag, react, tot
+from benchmarks.agents import multi_turn, rag, react, tool_loop, tot
 from benchmarks.agents.backends import HFSide, LlamaCppSide, OpenVINOSide, RadixSide, Side, UrlSide
 from benchmarks.agents.data import Corpus, Wikipedia, load_traces
 from benchmarks.agents.runner import run_workload
 from benchmarks.agents.workload import Scale, Workload
 
-WORKLOADS = ("react", "react_live", "rag", "rag_verify", "multi_turn", "multi_turn_long", "tot")
+WORKLOADS = ("react", "react_live", "rag", "rag_verify", "multi_turn", "multi_turn_long", "tot", "tool_loop")
 
 
 def build_workloads(data: Path, scale: Scale, names: list[str]) -> list[Workload]:
@@ -30,6 +30,7 @@ def build_workloads(data: Path, scale: Scale, names: list[str]) -> list[Workload
     all_ += rag.workloads(traces, scale, Corpus.from_traces(traces))
     all_ += multi_turn.workloads(traces, scale)
     all_.append(tot.workload(traces, scale))
+    all_.append(tool_loop.workload(traces, scale))
     by_name = {w.name: w for w in all_}
     return [by_name[n] for n in names]
 

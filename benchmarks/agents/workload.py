@@ -31,12 +31,13 @@ class Scale:
     tot_breadth: int = 2
     tot_depth: int = 2
     tot_max_tokens: int = 16
+    tool_max_tokens: int = 24  # per assistant turn of the tool loop, written aside
 
     @classmethod
     def full(cls) -> Scale:
         return cls(react_shots=3, react_max_tokens=200, react_replay_steps=None, react_live_steps=6, rag_k=4, rag_hops=2,
                    rag_max_tokens=32, chat_turns=4, chat_user_words=120, chat_short_answer=8,
-                   chat_long_answer=256, tot_breadth=3, tot_depth=3, tot_max_tokens=48)  # fmt: skip
+                   chat_long_answer=256, tot_breadth=3, tot_depth=3, tot_max_tokens=48, tool_max_tokens=64)  # fmt: skip
 
 
 def _text(state: ProgramState, args: Args) -> Any:
