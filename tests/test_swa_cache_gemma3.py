@@ -153,3 +153,22 @@ def test_refusals(gemma3: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="swa_full_tokens_ratio: the local layers' pool"):
         Engine(model_path=str(gemma3), dtype="float32", enable_swa_cache=True, max_total_tokens=2048,
                swa_full_tokens_ratio=0.01)  # fmt: skip
+
+
+def test_pinned_conversation_keeps_its_window(gemma3: Path, engine_factory) -> None:
+    """A TTL pin locks the local K/V of the pinned prefix's last window: under a local pool too small for
+    every conversation, the pinned one's next turn is served whole from the cache; the others recompute."""
+    eng = engine_factory(gemma3, swa_full_tokens_ratio=0.1, **SWA)
+    pinned = prompts_of([100], seed=51)[0]
+    out = eng.generate(
+        input_ids=[pinned], sampling_params=GREEDY, cache_control={"type": "ephemeral", "ttl": 600}
+    )
+    assert out[0]["meta_info"]["pinned_tokens"] == len(pinned) + NEW - 1
+    others = prompts_of([90, 110, 95, 120, 100], seed=52)
+    for p in others:
+        eng.generate(input_ids=[p], sampling_params=GREEDY)
+    assert _swa_stats(eng)["evicted"] > 0
+    turn2 = pinned + out[0]["output_ids"] + prompts_of([20], seed=53)[0]
+    again = eng.generate(input_ids=[turn2], sampling_params=GREEDY)[0]
+    assert again["meta_info"]["cached_tokens"] == len(pinned) + NEW - 1
+    assert again["output_ids"] == _expect(gemma3, [turn2])[0]
