@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +22,7 @@ from radixrt.mem_cache.swa_pool import SWAAllocator
 from radixrt.mem_cache.swa_radix_cache import SWARadixCache
 from radixrt.transport.protocol import DropPinsReq, ListPinsReq, PinInfo, StatsOut
 from radixrt.worker.req import Req
+from radixrt.worker.swa_windows import SWAWindows
 
 if TYPE_CHECKING:
     from radixrt.worker.model_runner import ModelRunner
@@ -99,8 +99,8 @@ class KVManager:
 
     With the sliding-window cache (``--enable-swa-cache``: an `SWAAllocator` and an `SWARadixCache`) it also
     frees the local-layer K/V of a request's own tokens once they left its window (before every allocation),
-    makes room in the local layers' pool as in the full one, and counts ``swa_recomputed_tokens``: prompt
-    tokens whose full K/V was cached but that were computed again because their window's local K/V was not.
+    makes room in the local layers' pool as in the full one (`SWAWindows`), and counts
+    ``swa_recomputed_tokens``.
     """
 
     def __init__(
@@ -111,21 +111,22 @@ class KVManager:
         self.tree = tree
         self.page_size = allocator.page_size
         self.tiered = isinstance(tree, HiRadixCache)
-        self.swa: SWAAllocator | None = None
+        self.swa: SWAWindows | None = None  # the running requests' local-layer K/V (--enable-swa-cache)
         self.swa_tree: SWARadixCache | None = None
         if isinstance(allocator, SWAAllocator):
             assert isinstance(tree, SWARadixCache), "an SWAAllocator needs the SWARadixCache"
-            self.swa, self.swa_tree = allocator, tree
-        self.swa_rows: dict[int, SWARow] = {}  # pool row -> what of its window bookkeeping
-        self.swa_recomputed_tokens = 0
+            self.swa, self.swa_tree = SWAWindows(allocator, tree, req_pool), tree
+
+    @property
+    def swa_recomputed_tokens(self) -> int:
+        """Prompt tokens computed again because their window's local K/V was freed (0 without the cache)."""
+        return self.swa.recomputed_tokens if self.swa is not None else 0
 
     # -- capacity -------------------------------------------------------------------------------
     def available(self) -> int:
         """Slots obtainable now: free plus evictable (in both pools with the sliding-window cache)."""
         full = self.allocator.available_size() + self.tree.evictable_size()
-        if self.swa is None or self.swa_tree is None:
-            return full
-        return min(full, self.swa.swa_available_size() + self.swa_tree.swa_evictable_size())
+        return full if self.swa is None else min(full, self.swa.available())
 
     def pages_needed(self, req: Req, num_tokens: int) -> int:
         """Fresh slots (whole pages) that growing ``req`` by ``num_tokens`` takes."""
@@ -137,7 +138,8 @@ class KVManager:
     def alloc(self, req: Req, num_tokens: int) -> bool:
         """Give ``req`` slots for its next ``num_tokens`` tokens (after ``kv_len``), evicting if needed."""
         need = self.pages_needed(req, num_tokens)
-        self.free_out_of_window(req)
+        if self.swa is not None:
+            self.swa.free_out_of_window(req)
         self._make_room(need, req.tenant)
         assert req.req_pool_idx is not None
         row = self.req_pool.req_to_token[req.req_pool_idx]
@@ -152,8 +154,9 @@ class KVManager:
         """One more slot for each request (callers made room first). Batched when pages are single tokens."""
         if self.page_size > 1:
             return all(self.alloc(r, 1) for r in reqs)
-        for r in reqs:
-            self.free_out_of_window(r)
+        if self.swa is not None:
+            for r in reqs:
+                self.swa.free_out_of_window(r)
         self._make_room(len(reqs), None)
         slots = self.allocator.alloc(len(reqs))
         if slots is None:
@@ -171,27 +174,8 @@ class KVManager:
             if short <= 0:
                 break
             self.tree.evict(short, requester=requester, spare_reserved=spare, incoming=need)
-        if self.swa is not None and self.swa_tree is not None:
-            short = need - self.swa.swa_available_size()
-            if short > 0:
-                self.swa_tree.evict_swa(short)
-
-    def free_out_of_window(self, req: Req) -> None:
-        """Sliding-window cache: free the local K/V of ``req``'s pages that no later token attends to (below
-        its page-aligned length less ``window - 1``, so its page-aligned prefix stays matchable): its own
-        pages, and the tree's nodes it inserted since its admission (chunked prefill) that no one locks."""
-        if self.swa is None or self.swa_tree is None or req.req_pool_idx is None or req.last_node is None:
-            return
-        ps, row = self.page_size, req.req_pool_idx
-        st = self.swa_rows[row]
-        end = (req.kv_len // ps * ps - self.swa_tree.keep) // ps * ps
-        start = max(req.cached_len, st.freed_to)
-        if end > start:
-            self.swa.free_swa(self.req_pool.req_to_token[row, start:end])
-            st.freed_to = end
-        hi = min(end, req.cached_len)
-        if hi > st.tomb_to:
-            st.tomb_to = self.swa_tree.tombstone_path(req.last_node, req.cached_len, st.tomb_to, hi)
+        if self.swa is not None:
+            self.swa.make_room(need)
 
     def yield_pins(self, req: Req, tokens: int) -> int:
         """Release the TTL pins that keep ``req`` from ever holding ``tokens`` tokens (the pool less the
@@ -222,11 +206,9 @@ class KVManager:
         if row is None:
             return False
         ids = req.fill_ids[: req.max_prefix_len()]
-        if self.swa_tree is not None:
+        if self.swa is not None and self.swa_tree is not None:
             match, lost = self.swa_tree.match_prefix_swa(ids, req.cache_salt, req.priority)
-            if req.retractions == 0 and not req.output_ids:
-                self.swa_recomputed_tokens += lost
-            self.swa_rows[row] = SWARow(tomb_to=len(match.slots))
+            self.swa.on_admit(row, len(match.slots), lost, req.retractions == 0 and not req.output_ids)
         else:
             match = self.tree.match_prefix(ids, req.cache_salt, req.priority)
         if isinstance(self.tree, HiRadixCache):
@@ -314,14 +296,15 @@ class KVManager:
                 req.pin_id, req.pinned_tokens = self.tree.pin(key, req.cache_salt, req.pin_ttl)
         self.allocator.free(slots[own_from:kv_len])
         self.tree.dec_lock_ref(req.last_node)
-        self.swa_rows.pop(req.req_pool_idx, None)
+        if self.swa is not None:
+            self.swa.on_release(req.req_pool_idx)
         self.req_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node, req.cached_len, req.kv_len = None, None, 0, 0
 
     def _insert(self, req: Req, key: list[int], slots: torch.Tensor) -> int:
         """``tree.insert`` of ``req``'s tokens (telling the sliding-window tree which lost their local K/V)."""
-        if self.swa_tree is not None and req.req_pool_idx is not None:
-            freed_to = self.swa_rows[req.req_pool_idx].freed_to
+        if self.swa is not None and self.swa_tree is not None and req.req_pool_idx is not None:
+            freed_to = self.swa.freed_to(req.req_pool_idx)
             return self.swa_tree.insert(key, slots, req.cache_salt, req.tenant, req.priority, freed_to)
         return self.tree.insert(key, slots, req.cache_salt, req.tenant, req.priority)
 
@@ -370,43 +353,8 @@ class KVManager:
             assert not live, f"{len(live)} requests still live at idle"
             assert protected == pinned, f"{protected - pinned} tokens still locked (not by pins) at idle"
             assert self.req_pool.available_size() == self.req_pool.size, "ReqToTokenPool rows leaked"
-        if self.swa is not None and self.swa_tree is not None:
-            self._check_swa(live, idle and not pinned)
-
-    def owned_swa_slots(self, req: Req) -> int:
-        """Local-pool slots held by ``req`` outside the tree (its own pages still in its window)."""
-        if req.req_pool_idx is None:
-            return 0
-        ps = self.page_size
-        start = max(req.cached_len, self.swa_rows[req.req_pool_idx].freed_to)
-        return max((req.kv_len + ps - 1) // ps * ps - start, 0)
-
-    def _check_swa(self, live: list[Req], unpinned_idle: bool) -> None:
-        """The local layers' pool: ``free + evictable + protected + in-use == total``, every held page
-        mapped once; at idle without pins nothing locked."""
-        assert self.swa is not None and self.swa_tree is not None
-        tree, swa = self.swa_tree, self.swa
-        tree.check_integrity()
-        free, total = swa.swa_available_size(), swa.swa_total_slots
-        evictable, protected = tree.swa_evictable_size(), tree.swa_protected_size()
-        in_use = sum(self.owned_swa_slots(r) for r in live)
-        assert free + evictable + protected + in_use == total, (
-            f"local KV leak: free {free} + evictable {evictable} + protected {protected} + in-use {in_use} "
-            f"!= {total}"
-        )
-        assert swa.mapped_swa_slots() == total - free, "a local page is free and mapped, or held and unmapped"
-        if unpinned_idle:
-            assert protected == 0, f"{protected} tokens' local K/V still locked at idle"
-            assert not self.swa_rows, f"rows {sorted(self.swa_rows)} still tracked at idle"
-
-
-@dataclass(slots=True)
-class SWARow:
-    """A running request's window bookkeeping: its own tokens below ``freed_to`` have no local K/V; the
-    tree's nodes it inserted are tombstoned up to ``tomb_to`` (from its admission's match on)."""
-
-    freed_to: int = 0
-    tomb_to: int = 0
+        if self.swa is not None:
+            self.swa.check(live, idle and not pinned)
 
 
 def _reasoned(req: Req) -> bool:
