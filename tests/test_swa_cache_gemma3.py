@@ -104,6 +104,9 @@ def test_tombstoned_windows_are_recomputed(gemma3: Path, engine_factory, page_si
         ]
     st = _swa_stats(eng)
     assert st["evicted"] > 0 and st["recomputed"] > 0, st
+    info = eng.get_server_info()  # /server_info reports the same
+    assert (info["swa_evicted_tokens"], info["swa_recomputed_tokens"]) == (st["evicted"], st["recomputed"])
+    assert info["kv_swa_cached_tokens"] == st["held"] <= info["kv_swa_total_tokens"]
     outs = eng.generate(input_ids=convos, sampling_params=GREEDY)
     assert [o["output_ids"] for o in outs] == _expect(gemma3, convos)
 

@@ -74,8 +74,16 @@ class SchedulerStats:
         total = kv.allocator.total_slots
         used = total - kv.allocator.available_size() - kv.tree.evictable_size()
         tiers = kv.tree.tier_snapshot() if isinstance(kv.tree, HiRadixCache) else {}
+        swa = kv.swa_tree  # --enable-swa-cache: the local layers' pool, tokens whose window was freed
+        windows = {} if swa is None else {
+            "kv_swa_total_tokens": swa.swa.swa_total_slots,
+            "kv_swa_cached_tokens": swa.swa_evictable_size() + swa.swa_protected_size(),
+            "swa_evicted_tokens": swa.swa_evicted_tokens,
+            "swa_recomputed_tokens": kv.swa_recomputed_tokens,
+        }  # fmt: skip
         return {
             **tiers,
+            **windows,
             "num_requests": self.num_requests,
             "num_finished": self.num_finished,
             "num_refused": self.num_refused,
