@@ -175,3 +175,11 @@ def test_pinned_conversation_keeps_its_window(gemma3: Path, engine_factory) -> N
     again = eng.generate(input_ids=[turn2], sampling_params=GREEDY)[0]
     assert again["meta_info"]["cached_tokens"] == len(pinned) + NEW - 1
     assert again["output_ids"] == _expect(gemma3, [turn2])[0]
+
+
+def test_without_radix_cache(gemma3: Path, engine_factory) -> None:
+    """With --disable-radix-cache the local K/V of long prompts is still freed out of the window."""
+    eng = engine_factory(gemma3, disable_radix_cache=True, swa_full_tokens_ratio=0.1, **SWA)
+    prompts = prompts_of([400, 250], seed=61)  # together more than the 204-token local pool
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in outs] == _expect(gemma3, prompts)
