@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import os
 import random
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,46 +51,118 @@ def _tenants(path: Path) -> Path:
     return path
 
 
+@dataclass(slots=True)
+class Round:
+    """One forward of the worker: prefill (``reqs``: rid -> tenant, tokens, prefill finished) or decode."""
+
+    start: float
+    end: float
+    kind: str  # "prefill" | "decode"
+    reqs: dict[str, tuple[str | None, int, bool]]
+    decoding: int  # rows decoded in it (a decode step's batch; mixed-chunk rows of a prefill)
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n, _ in self.reqs.values())
+
+
+def _record(rounds: list[Round]) -> Callable[[Any], None]:
+    """A worker-thread patch of the scheduler that appends every forward to ``rounds``."""
+
+    def patch(s: Any) -> None:
+        real_extend, real_decode = s._run_extend, s._run_decode
+
+        def run_extend(batch: list[Any], decoding: list[Any]) -> None:
+            t0 = time.perf_counter()
+            real_extend(batch, decoding)
+            reqs = {r.rid: (r.tenant, r.extend_len, r.prefill_done) for r in batch}
+            rounds.append(Round(t0, time.perf_counter(), "prefill", reqs, len(decoding)))
+
+        def run_decode() -> None:
+            t0, n = time.perf_counter(), len(s.running)
+            real_decode()
+            rounds.append(Round(t0, time.perf_counter(), "decode", {}, n))
+
+        s._run_extend, s._run_decode = run_extend, run_decode
+
+    return patch
+
+
+def breakdown(rid: str, t0: float, t1: float, rounds: list[Round]) -> dict[str, float]:
+    """Where one quiet request's wait went: the forward in flight when it arrived (its remaining ms, all
+    its tokens), the forwards that ran after it arrived and before its own first prefill round (tokens,
+    count), its own rounds (its tokens, other tenants' tokens, ms) and the rest to the client's first
+    token (ms: output processing, streaming)."""
+    # NOTE: the first token reaches the client inside the round's forward call (before ``Round.end``).
+    mine = [r for r in rounds if rid in r.reqs and r.start < t1 and r.end > t0]
+    first = mine[0].start if mine else t1
+    inflight = [r for r in rounds if r.start < t0 < r.end]
+    between = [r for r in rounds if t0 <= r.start < first]
+    own = sum(r.reqs[rid][1] for r in mine)
+    return {
+        "inflight_ms": sum(r.end - t0 for r in inflight) * 1000,
+        "inflight_tokens": sum(r.tokens for r in inflight),
+        "between_rounds": len(between),
+        "between_prefill_tokens": sum(r.tokens for r in between),
+        "between_decode_steps": sum(r.kind == "decode" for r in between),
+        "between_ms": (first - max([t0, *(r.end for r in inflight)])) * 1000,
+        "own_rounds": len(mine),
+        "own_tokens": own,
+        "own_round_other_tokens": sum(r.tokens for r in mine) - own,
+        "own_ms": sum(r.end - r.start for r in mine) * 1000,
+        "after_ms": (t1 - (mine[-1].end if mine else t1)) * 1000,
+        "wait_tokens": float(sum(r.tokens for r in rounds if r.start < t1 and r.end > t0)),
+        "ttft_ms": (t1 - t0) * 1000,
+    }
+
+
+def _window(t0: float, t1: float, rounds: list[Round]) -> list[str]:
+    """The forwards overlapping (t0, t1), one line each: kind, ms, tokens per request."""
+    return [
+        f"{r.kind} {(r.end - r.start) * 1000:.0f}ms decode_rows={r.decoding} "
+        + " ".join(f"{rid}:{n}{'' if done else '+'}" for rid, (_, n, done) in r.reqs.items())
+        for r in rounds
+        if r.start < t1 and r.end > t0
+    ]
+
+
 def measure(duration: float, noisy: bool) -> dict[str, Any]:
     """Run the mix for ``duration`` seconds; the quiet requests' waits (tokens and ms) and the rounds."""
     with tempfile.TemporaryDirectory(prefix="tenant-wait-") as tmp:
         eng = Engine(model_path=str(bench_checkpoint("tiny")), max_total_tokens=6000, dtype="float32",
                      tenants=str(_tenants(Path(tmp) / "tenants.json")), disable_compile=True)  # fmt: skip
-        rounds: list[tuple[float, int]] = []  # (end time, prefill tokens) of every prefill forward
-
-        def record(s: Any) -> None:
-            real = s._run_extend
-
-            def run_extend(batch: list[Any]) -> None:
-                real(batch)
-                rounds.append((time.perf_counter(), sum(r.extend_len for r in batch)))
-
-            s._run_extend = run_extend
-
-        eng.worker.call(record, timeout=60)
-        quiet: list[tuple[float, float]] = []  # (arrival, first token)
+        rounds: list[Round] = []
+        eng.worker.call(_record(rounds), timeout=60)
+        quiet: list[tuple[str, float, float]] = []  # (rid, arrival, first token)
         try:
             asyncio.run_coroutine_threadsafe(_load(eng, duration, noisy, quiet), eng._loop).result()
         finally:
             eng.shutdown()
-    waits = [float(sum(n for t, n in rounds if t0 < t <= t1)) for t0, t1 in quiet]
-    ttfts = [(t1 - t0) * 1000 for t0, t1 in quiet]
-    return {
-        "noisy": noisy,
-        "quiet_requests": len(quiet),
-        "wait_tokens_p50": _pct(waits, 0.5),
-        "wait_tokens_p99": _pct(waits, 0.99),
-        "ttft_ms_p50": _pct(ttfts, 0.5),
-        "ttft_ms_p99": _pct(ttfts, 0.99),
-        "prefill_rounds": len(rounds),
-        "mean_round_tokens": sum(n for _, n in rounds) / max(1, len(rounds)),
-    }
+    rows = [breakdown(rid, t0, t1, rounds) for rid, t0, t1 in quiet]
+    prefills = [r for r in rounds if r.kind == "prefill"]
+    out: dict[str, Any] = {"noisy": noisy, "quiet_requests": len(quiet)}
+    for key in ("wait_tokens", "ttft_ms"):
+        out[f"{key}_p50"] = _pct([r[key] for r in rows], 0.5)
+        out[f"{key}_p99"] = _pct([r[key] for r in rows], 0.99)
+    out.update(prefill_rounds=len(prefills), decode_steps=len(rounds) - len(prefills),
+               mean_round_tokens=sum(r.tokens for r in prefills) / max(1, len(prefills)))  # fmt: skip
+    # the slowest tenth of quiet requests (by TTFT): the mean of each part of their wait
+    tail = sorted(rows, key=lambda r: r["ttft_ms"])[-max(1, len(rows) // 10) :]
+    out["tail_breakdown_mean"] = {k: statistics.fmean(r[k] for r in tail) for k in rows[0]} if rows else {}
+    out["all_breakdown_mean"] = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]} if rows else {}
+    slowest = sorted(zip(rows, quiet, strict=True), key=lambda x: -x[0]["wait_tokens"])[:5]
+    out["slowest_by_tokens"] = [
+        {**row, "rid": rid, "rounds": _window(t0, t1, rounds)} for row, (rid, t0, t1) in slowest
+    ]
+    return out
 
 
-async def _one(eng: Engine, ids: list[int], tenant: str) -> tuple[list[int] | None, float, float | None]:
+async def _one(
+    eng: Engine, ids: list[int], tenant: str, rid: str
+) -> tuple[list[int] | None, float, float | None]:
     """One streamed request: (output ids or None when refused, arrival, first token time or None)."""
     params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
-    obj = GenerateReqInput(input_ids=ids, sampling_params=params, stream=True)
+    obj = GenerateReqInput(input_ids=ids, sampling_params=params, stream=True, rid=rid)
     t0, first = time.perf_counter(), None
     out: list[int] = []
     try:
@@ -98,9 +175,10 @@ async def _one(eng: Engine, ids: list[int], tenant: str) -> tuple[list[int] | No
     return list(out), t0, first
 
 
-async def _load(eng: Engine, duration: float, noisy: bool, quiet: list[tuple[float, float]]) -> None:
+async def _load(eng: Engine, duration: float, noisy: bool, quiet: list[tuple[str, float, float]]) -> None:
     stop = time.perf_counter() + duration
     rng = random.Random(0)
+    rids = itertools.count()
 
     async def chat(tenant: str, seed: int) -> None:
         r = random.Random(seed)
@@ -109,9 +187,10 @@ async def _load(eng: Engine, duration: float, noisy: bool, quiet: list[tuple[flo
             history = list(system)
             for _ in range(4):
                 prompt = history + [r.randrange(FIRST_ID, LAST_ID) for _ in range(24)]
-                out, t0, first = await _one(eng, prompt, tenant)
+                rid = f"{tenant}-{next(rids)}"
+                out, t0, first = await _one(eng, prompt, tenant, rid)
                 if first is not None:
-                    quiet.append((t0, first))
+                    quiet.append((rid, t0, first))
                 if out is None:
                     break
                 history = prompt + out
@@ -120,7 +199,8 @@ async def _load(eng: Engine, duration: float, noisy: bool, quiet: list[tuple[flo
     async def flood(seed: int) -> None:
         r = random.Random(seed)
         while time.perf_counter() < stop:
-            out, _, _ = await _one(eng, [r.randrange(FIRST_ID, LAST_ID) for _ in range(600)], "noisy")
+            ids = [r.randrange(FIRST_ID, LAST_ID) for _ in range(600)]
+            out, _, _ = await _one(eng, ids, "noisy", f"noisy-{next(rids)}")
             if out is None:
                 await asyncio.sleep(0.25)
 
@@ -138,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     settings = {"duration": ns.duration, "alone": ns.alone}
     result = {"machine": machine_info(1), "settings": settings, **measure(ns.duration, not ns.alone)}
+    result["load_avg_end"] = os.getloadavg()
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
     write_json(ns.out, result)
     return 0

@@ -28,6 +28,7 @@ from radixrt.transport.protocol import (
     WorkerInput,
     WorkerOutput,
 )
+from radixrt.worker.admission import CLIP_MAX_NEW_TOKENS, admit_waiting
 from radixrt.worker.arrival import RequestTimeouts, refusal
 from radixrt.worker.decode_step import decode_forward
 from radixrt.worker.extend_step import extend_forward
@@ -38,7 +39,6 @@ from radixrt.worker.model_runner import ModelRunner
 from radixrt.worker.output import OutputProcessor
 from radixrt.worker.pooling import pool_chunk
 from radixrt.worker.req import Req
-from radixrt.worker.schedule_policy import order_waiting, shared_uncached_prefix
 from radixrt.worker.stats import SchedulerStats
 from radixrt.worker.tenant_ledger import TenantLedger
 from radixrt.worker.tp_follower import follower_main
@@ -48,14 +48,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# In-batch dedup: a waiting request sharing at least this many uncached (cacheable) tokens with one
-# already admitted this round waits a round, so it hits the cache instead of recomputing the prefix.
-# Any shared token: the wait is one forward (prefill goes first), and fork siblings / select choices
-# share short fresh tails ("Step 2 (") that a perfect cache computes once.
-DEDUP_MIN_SHARED = 1
 # Decode growth reserved at admission per running request: ratio x remaining max_new_tokens (clipped).
 NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.15, 0.002
-CLIP_MAX_NEW_TOKENS = 1024
 
 
 class Inbox(Protocol):
@@ -274,7 +268,8 @@ class Scheduler:
         if self.grammar_waiting and not (self.waiting or self.running or self.chunked or self.jumped):
             time.sleep(0.001)  # only compiling: do not spin at full speed
 
-    def _reserved_decode(self) -> float:
+    def reserved_decode(self) -> float:
+        """KV tokens to keep free for the running requests' expected decode growth."""
         total = 0.0
         for r in self.running:
             remaining = max(r.params.max_new_tokens - len(r.output_ids), 0)
@@ -282,26 +277,24 @@ class Scheduler:
         return total
 
     def _admit(self) -> list[Req]:
-        """Choose this round's prefill batch, give each request its prefix and slots."""
+        """Choose this round's prefill batch, give each request its prefix and slots.
+
+        With tenants, the long prefills of tenants heavier than a waiting lighter one step aside first
+        (``TenantLedger.yielding``): the continuing chunk is deferred a round, their long prompts wait, so
+        the lighter request's round holds its own tokens; when no lighter request is admitted, they go."""
         args = self.args
         budget = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.max_prefill_tokens
         batch: list[Req] = []
         caps: dict[str | None, int] | None = None  # per tenant prefill tokens this round (tenants)
+        yielding: set[str | None] = set()
         if self.ledger is not None and (self.waiting or self.chunked is not None):
             caps = self.ledger.prefill_caps(self.waiting, budget, self.chunked)
-        if self.chunked is not None:
-            req, self.chunked = self.chunked, None
-            take = min(len(req.fill_ids) - req.kv_len, budget)
-            if caps is not None:
-                take = min(take, caps[req.tenant])
-                caps[req.tenant] -= take
-            self.kv.yield_pins(req, len(req.fill_ids))
-            if not self.kv.alloc(req, take):
-                self._retract(req)
+            yielding = self.ledger.yielding(self.waiting) if caps is not None else set()
+        deferred = self.chunked is not None and self.chunked.tenant in yielding
+        if self.chunked is not None and not deferred:
+            budget = self._continue_chunk(batch, budget, caps)
+            if budget < 0:
                 return []
-            req.extend_len = take
-            batch.append(req)
-            budget -= take
         while self.jumped and budget > 0 and len(batch) < args.max_running_requests:
             req = self.jumped[0]
             take = len(req.fill_ids) - req.kv_len
@@ -311,65 +304,35 @@ class Scheduler:
             req.extend_len = take
             batch.append(req)
             budget -= take
-        if not self.waiting or budget <= 0:
+        if not yielding:
+            admit_waiting(self, batch, budget, caps)
             return batch
-        if (
-            len(self.running) + len(batch) >= args.max_running_requests
-            or not self.kv.req_pool.available_size()
-        ):
-            return batch  # no room: skip ordering (lpm probes the tree for every waiting request)
-        headroom = self.kv.available() - self._reserved_decode()
-        ordered = order_waiting(self.waiting, args.schedule_policy, self.tree)
-        if self.ledger is not None:
-            ordered = self.ledger.fair_order(ordered)
-        for req in ordered:
-            if len(self.running) + len(batch) >= args.max_running_requests or budget <= 0:
-                break
-            if caps is not None and caps[req.tenant] <= 0 and batch:
-                continue  # its tenant took its share of this round while another tenant waits
-            if not self.kv.admit(req):
-                break
-            extend = len(req.fill_ids) - req.kv_len
-            dedup = batch and extend > 1 and not self.tree.disable
-            if dedup and shared_uncached_prefix(req, batch, req.kv_len) >= DEDUP_MIN_SHARED:
-                self.kv.release(req)  # wait one round: the prefix will be cached by then
-                continue
-            take = min(extend, budget, caps[req.tenant] if caps is not None else budget)
-            reserve = min(req.params.max_new_tokens, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
-            if req.bootstrap_room is not None and self.args.disaggregation_mode == "prefill":
-                reserve = 1  # a prefill server samples one token; the decode server generates the rest
-            need = self.kv.pages_needed(req, take) + (reserve if take == extend else 0)
-            if need > headroom and (batch or self.running):
-                self.kv.release(req)
-                break
-            if self.ledger is not None and not self.ledger.may_admit(
-                req, self.kv.pages_needed(req, take), self.waiting, batch
-            ):
-                self.kv.release(req)  # its tenant is at its quota while others have work: it waits
-                continue
-            headroom += self.kv.yield_pins(req, len(req.fill_ids))  # before its first chunk, not after
-            if not self.kv.alloc(req, take):
-                self.kv.release(req)
-                if not batch and not self.running and not self.jumped:  # nothing else holds memory
-                    self.waiting.remove(req)
-                    total, pinned = self.kv.allocator.total_slots, self.tree.pins.pinned_size()
-                    fit = f"the prompt ({len(req.fill_ids)} tokens) does not fit the KV pool ({total} tokens"
-                    self.out.end_with_abort(req, f"out of KV memory: {fit}, {pinned} of them pinned)", 400)
-                break
-            headroom -= need
-            if req.retractions == 0 and not req.output_ids:
-                req.cached_tokens = req.kv_len
-                req.cached_disk_tokens = min(req.cached_disk_tokens, req.kv_len)
-                req.cached_host_tokens = min(req.cached_host_tokens, req.kv_len - req.cached_disk_tokens)
-            req.extend_len = take
-            self.waiting.remove(req)
-            batch.append(req)
-            budget -= take
-            if caps is not None:
-                caps[req.tenant] -= take
-            if take < extend:
-                break
+        n = len(batch)
+        aside = admit_waiting(self, batch, budget, caps, step_aside=yielding, whole=deferred)
+        if any(r.tenant not in yielding for r in batch[n:]):
+            return batch  # a lighter request took the round; the deferred chunk (still self.chunked) waits
+        budget -= sum(r.extend_len for r in batch[n:])
+        if deferred and budget > 0:
+            budget = self._continue_chunk(batch, budget, caps)
+        if aside and budget > 0:
+            admit_waiting(self, batch, budget, caps, only={id(r) for r in aside})
         return batch
+
+    def _continue_chunk(self, batch: list[Req], budget: int, caps: dict[str | None, int] | None) -> int:
+        """Add the next chunk of ``self.chunked`` to ``batch``; the budget left, or -1 when it was retracted."""
+        assert self.chunked is not None
+        req, self.chunked = self.chunked, None
+        take = min(len(req.fill_ids) - req.kv_len, budget)
+        if caps is not None:
+            take = min(take, caps[req.tenant])
+            caps[req.tenant] -= take
+        self.kv.yield_pins(req, len(req.fill_ids))
+        if not self.kv.alloc(req, take):
+            self._retract(req)
+            return -1
+        req.extend_len = take
+        batch.append(req)
+        return budget - take
 
     def _mixed_decode(self) -> list[Req]:
         """The running requests that decode inside this round's prefill forward (``--enable-mixed-chunk``),

@@ -119,6 +119,11 @@ class TenantLedger:
             key=lambda r: (self.admission_rank(r), running[r.tenant] / self.share(r.tenant), rank[id(r)]),
         )
 
+    def _load(self, waiting: list[Req]) -> Callable[[str | None], float]:
+        """A tenant's load: its live and waiting requests per unit of its share."""
+        demand = Counter(r.tenant for r in self.live()) + Counter(r.tenant for r in waiting)
+        return lambda t: demand[t] / self.share(t)
+
     def prefill_caps(
         self, waiting: list[Req], budget: int, chunked: Req | None = None
     ) -> dict[str | None, int] | None:
@@ -129,13 +134,10 @@ class TenantLedger:
         not wait for a round of long prompts. ``chunked``: the request whose prefill continues this round.
         None when no tenant is capped."""
         tenants = {r.tenant for r in waiting} | ({chunked.tenant} if chunked is not None else set())
-        demand = Counter(r.tenant for r in self.live()) + Counter(r.tenant for r in waiting)
+        load = self._load(waiting)
         since = self.clock() - ACTIVE_WINDOW_S
-        active = tenants | set(demand) | {t for t, at in self.last_active.items() if at >= since}
-
-        def load(t: str | None) -> float:
-            return demand[t] / self.share(t)
-
+        active = tenants | {r.tenant for r in self.live()}
+        active |= {t for t, at in self.last_active.items() if at >= since}
         caps: dict[str | None, int] = {}
         for t in tenants:
             cap = math.ceil(self.share(t) * budget) if len({r.tenant for r in waiting}) >= 2 else budget
@@ -143,6 +145,18 @@ class TenantLedger:
                 cap = min(cap, math.ceil(self.share(t) * min(budget, CONTENDED_ROUND_TOKENS)))
             caps[t] = max(1, cap)
         return caps if any(c < budget for c in caps.values()) else None
+
+    def yielding(self, waiting: list[Req]) -> set[str | None]:
+        """The tenants whose long prefills step aside this round: every tenant heavier (more live and waiting
+        requests for its share) than the lightest tenant with a request waiting. The scheduler defers their
+        continuing chunk and their prompts longer than their cap, so the lighter request takes the round
+        without a long prompt beside it; when no lighter request could be admitted, nobody steps aside."""
+        if not waiting:
+            return set()
+        load = self._load(waiting)
+        lightest = min(load(r.tenant) for r in waiting)
+        tenants = {r.tenant for r in self.live()} | {r.tenant for r in waiting}
+        return {t for t in tenants if load(t) > lightest}
 
     def contended(self, tenant: str | None, waiting: list[Req]) -> bool:
         """Whether another tenant has work: waiting or live requests, or one that arrived or finished
