@@ -5,6 +5,13 @@ an HF config and tokenizer and supplies the Q/K row permutation llama.cpp applie
 weights (`LlamaTensorProcessor`). radixrt only names tensors the HF way (through gguf's own name map) and
 keeps each tensor's blocks untouched (`GGUFWeight`), so quantized layers can use them directly; the
 baseline path dequantizes them once into a cached HF directory (`converted_dir`).
+
+Mixture-of-experts files store each projection of all experts as one ``[E, out, in]`` tensor
+(``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps``); they are named ``mlp.experts.gate_proj`` etc. here
+and written as transformers 5's stacked ``mlp.experts.gate_up_proj`` / ``down_proj``. Mixtral is a llama file
+with ``llama.expert_count``; the expert sizes transformers' config mapping drops
+(``expert_feed_forward_length``, ``expert_shared_feed_forward_length``) are read here, as are Phi-3's
+LongRoPE factors (tensors ``rope_factors_long`` / ``rope_factors_short``).
 """
 
 from __future__ import annotations
@@ -23,13 +30,17 @@ from radixrt.config.cache_dir import build_dir_once, cache_dir
 
 # GGUF `general.architecture` -> what transformers calls it (`model_type`) may differ (a Llama-architecture
 # file named "mistral" becomes Mistral); the HF class radixrt builds per model_type:
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe")
 HF_CLASSES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 # Tensor types `gguf.quants` dequantizes that radixrt accepts (the common llama.cpp file types).
 GGML_TYPES = (
@@ -48,7 +59,7 @@ GGML_TYPES = (
     "Q6_K",
 )
 # Bump when the converted directory's contents change: it keys the cache.
-CONVERT_VERSION = "gguf-convert-v1"
+CONVERT_VERSION = "gguf-convert-v2"
 SOURCE_FILE = "radixrt_gguf.json"
 # HF module names of one decoder layer, as gguf's tensor name map knows them.
 _LAYER_MODULES = (
@@ -65,9 +76,23 @@ _LAYER_MODULES = (
     "post_attention_layernorm",
     "pre_feedforward_layernorm",  # Gemma 3
     "post_feedforward_layernorm",
+    "mlp.gate",  # mixture of experts: the router, the stacked experts, Qwen2-MoE's shared expert
+    "mlp.experts.gate_proj",
+    "mlp.experts.up_proj",
+    "mlp.experts.down_proj",
+    "mlp.shared_expert.gate_proj",
+    "mlp.shared_expert.up_proj",
+    "mlp.shared_expert.down_proj",
+    "mlp.shared_expert_gate",
 )
-# Tensors some GGUF files carry that the HF model derives itself (Llama 3 rope factors come from metadata).
-_SKIPPED = ("rope_freqs.weight",)
+# Phi-3's fused projections: ``ffn_up`` holds [gate; up] there (a llama file's ``ffn_up`` is up_proj).
+_PHI3_MODULES = tuple(m for m in _LAYER_MODULES if m not in ("mlp.gate_proj", "mlp.up_proj")) + (
+    "self_attn.qkv_proj",
+    "mlp.gate_up_proj",
+)
+# Tensors some GGUF files carry that the HF model derives itself (Llama 3 rope factors come from metadata;
+# Phi-3's LongRoPE factors go into the config, `hf_config`).
+_SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 _FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -143,10 +168,12 @@ def check_supported(path: Path) -> tuple[str, dict[str, int]]:
 
 def hf_config(path: Path) -> dict[str, Any]:
     """The HF config.json dict of a GGUF file, as transformers maps its metadata (plus ``architectures``)."""
+    from gguf import GGUFReader
     from transformers import AutoConfig
 
-    check_supported(path)
+    arch, _ = check_supported(path)
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    _add_dropped_fields(GGUFReader(path), arch, config)
     model_type = str(config.get("model_type"))
     if model_type not in HF_CLASSES:
         raise ValueError(
@@ -157,6 +184,42 @@ def hf_config(path: Path) -> dict[str, Any]:
     for key in ("_name_or_path", "_model_name_or_path"):
         config.pop(key, None)
     return config
+
+
+def _add_dropped_fields(reader: Any, arch: str, config: dict[str, Any]) -> None:
+    """What transformers' GGUF config mapping leaves out: expert sizes (a llama file with experts is
+    Mixtral; every layer of a GGUF MoE is sparse), the top-k renormalization when the file says, and Phi-3's
+    LongRoPE factors and sliding window."""
+    experts = _field(reader, f"{arch}.expert_count")
+    if experts:
+        if arch == "llama":
+            config.update(model_type="mixtral", num_local_experts=int(experts), sliding_window=None)
+        else:
+            config.update(num_experts=int(experts), decoder_sparse_step=1, mlp_only_layers=[])
+            config["moe_intermediate_size"] = int(_field(reader, f"{arch}.expert_feed_forward_length"))
+        config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
+        if arch == "qwen2moe":
+            shared = _field(reader, f"{arch}.expert_shared_feed_forward_length")
+            config["shared_expert_intermediate_size"] = int(shared or 0)
+        norm = _field(reader, f"{arch}.expert_weights_norm")
+        if norm is not None:
+            config["norm_topk_prob"] = bool(norm)
+    if arch != "phi3":
+        return
+    window = _field(reader, "phi3.attention.sliding_window")
+    config["sliding_window"] = int(window) if window else None
+    factors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if not factors:
+        return
+    original = int(_field(reader, "phi3.rope.scaling.original_context_length"))
+    rope = dict(config.get("rope_parameters") or {})
+    rope.update(rope_type="longrope", original_max_position_embeddings=original)
+    for kind in ("long", "short"):
+        rope[f"{kind}_factor"] = [float(v) for v in factors[f"rope_factors_{kind}.weight"].data]
+    attn_factor = _field(reader, "phi3.rope.scaling.attn_factor")
+    if attn_factor is not None:
+        rope["attention_factor"] = float(attn_factor)
+    config.update(rope_parameters=rope, original_max_position_embeddings=original)
 
 
 def read_weights(path: Path, config: dict[str, Any]) -> dict[str, GGUFWeight]:
@@ -172,8 +235,9 @@ def read_weights(path: Path, config: dict[str, Any]) -> dict[str, GGUFWeight]:
     arch = next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch_name)
     layers = int(config["num_hidden_layers"])
     name_map = get_tensor_name_map(arch, layers)
+    modules = _PHI3_MODULES if arch_name == "phi3" else _LAYER_MODULES
     hf_modules = ["model.embed_tokens", "model.norm", "lm_head"] + [
-        f"model.layers.{i}.{m}" for i in range(layers) for m in _LAYER_MODULES
+        f"model.layers.{i}.{m}" for i in range(layers) for m in modules
     ]
     to_hf = {g: hf for hf in hf_modules if (g := name_map.get_name(hf)) is not None}
     # NOTE: llama.cpp permutes Q/K rows of Llama-architecture files only; qwen2/qwen3 files are stored as is.
@@ -194,8 +258,20 @@ def read_weights(path: Path, config: dict[str, Any]) -> dict[str, GGUFWeight]:
             # NOTE: llama.cpp stores Gemma's norm weights as 1 + w (its norm multiplies by the weight);
             # transformers' Gemma2TensorProcessor subtracts the 1 again, as here.
             data = np.asarray(data, dtype=np.float32) - 1
+        if name.endswith("shared_expert_gate.weight"):
+            shape = (1, *shape)  # llama.cpp stores this [1, H] matrix as a vector
         weights[name] = GGUFWeight(name, t.tensor_type.name, shape, data)
     return weights
+
+
+def _stack_gate_up(tensors: dict[str, torch.Tensor]) -> None:
+    """Stacked experts under transformers 5's names: ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows
+    first) and ``mlp.experts.down_proj`` ``[E, H, I]``, in place."""
+    for name in [n for n in tensors if n.endswith(".mlp.experts.gate_proj.weight")]:
+        base = name.removesuffix("gate_proj.weight")
+        up = tensors.pop(base + "up_proj.weight")
+        tensors[base + "gate_up_proj"] = torch.cat([tensors.pop(name), up], dim=1)
+        tensors[base + "down_proj"] = tensors.pop(base + "down_proj.weight")
 
 
 def _source_key(path: Path) -> str:
@@ -228,6 +304,7 @@ def convert(path: Path, out_dir: Path, progress: bool = True) -> None:
         tensors[name] = t
     if config.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)
+    _stack_gate_up(tensors)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     eos = config.get("eos_token_id")
