@@ -46,6 +46,7 @@ def _swa_stats(eng: Engine) -> dict[str, int]:
     def read(s: Any) -> dict[str, int]:
         tree = s.tree
         return {
+            "total": tree.swa.swa_total_slots,
             "held": tree.swa_evictable_size() + tree.swa_protected_size(),
             "cached": tree.total_size(),
             "evicted": tree.swa_evicted_tokens,
@@ -58,7 +59,7 @@ def _swa_stats(eng: Engine) -> dict[str, int]:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_batched_chunked_equals_transformers(gemma3: Path, engine_factory, page_size: int) -> None:
     """One batch of prompts below, at and far past the window, chunked by 32; then extends of the longest
-    from the cache; the local pool keeps about a window per cached sequence, not the sequence."""
+    from the cache; the tree caches more tokens than the local pool could hold."""
     eng = engine_factory(gemma3, page_size=page_size, swa_full_tokens_ratio=0.25, **SWA)
     assert eng.worker.call(lambda s: any(isinstance(b, SlotMappedBackend) for b in s.runner.backend.of_layer))
     prompts = prompts_of([3, 9, 40, 150, 300], seed=page_size)
@@ -68,15 +69,15 @@ def test_batched_chunked_equals_transformers(gemma3: Path, engine_factory, page_
     assert sum(o["meta_info"]["cached_tokens"] for o in outs[-2:]) >= 2 * (300 // page_size * page_size)
     assert [o["output_ids"] for o in outs] == _expect(gemma3, prompts + followups)
     st = _swa_stats(eng)
-    assert st["cached"] >= 300 + 150 and st["held"] < st["cached"] / 2, st
+    assert st["cached"] >= 300 + 150 and st["held"] <= st["total"] < st["cached"], st
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_multi_turn_hits_after_window_freed(gemma3: Path, engine_factory, page_size: int) -> None:
     """Turn 2 extends turn 1's prompt + output: the whole of it comes from the cache although the local K/V
     of all but its last window was freed during turn 1; turn 3 again."""
-    eng = engine_factory(gemma3, page_size=page_size, swa_full_tokens_ratio=0.25, **SWA)
-    convo = prompts_of([120], seed=11)[0]
+    eng = engine_factory(gemma3, page_size=page_size, swa_full_tokens_ratio=0.1, **SWA)
+    convo = prompts_of([300], seed=11)[0]
     for turn in range(3):
         out = eng.generate(input_ids=[convo], sampling_params=GREEDY)[0]
         assert out["output_ids"] == _expect(gemma3, [convo])[0]
@@ -84,7 +85,7 @@ def test_multi_turn_hits_after_window_freed(gemma3: Path, engine_factory, page_s
             assert out["meta_info"]["cached_tokens"] >= (len(convo) - 40) // page_size * page_size - page_size
         convo = convo + out["output_ids"] + prompts_of([25], seed=20 + turn)[0]
     st = _swa_stats(eng)
-    assert st["recomputed"] == 0 and st["held"] <= st["cached"] / 2, st
+    assert st["recomputed"] == 0 and st["held"] <= st["total"] < st["cached"], st
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -72,7 +72,7 @@ def tree_pages(tree: SWARadixCache) -> dict[tuple[int, ...], bool]:
 
 def locked_windows(held: list[tuple[TreeNode, list[int]]], ps: int) -> set[tuple[int, ...]]:
     """The pages whose local K/V a held lock keeps: those of the last ``KEEP`` tokens of each locked path."""
-    out = set()
+    out: set[tuple[int, ...]] = set()
     for _, key in held:
         out.update(tuple(key[: (i // ps + 1) * ps]) for i in range(max(0, len(key) - KEEP), len(key)))
     return out
@@ -161,3 +161,29 @@ def test_tree_matches_reference(page_size: int, seed: int) -> None:
     tree.reset()
     check(tree, alloc)
     assert alloc.available_size() == alloc.total_slots and alloc.swa_available_size() == alloc.swa_total_slots
+
+
+def test_evict_swa_takes_what_no_match_can_use_first() -> None:
+    """A prompt inserted chunk by chunk (as chunked prefill does) leaves early chunks no match can end
+    after; their local K/V goes before the more recently unused tail windows of other sequences and before a
+    branch point's window (a shared system prompt)."""
+    alloc = SWAAllocator(400, 200)
+    tree = SWARadixCache(alloc, WINDOW)
+    rng = random.Random(5)
+    system = [rng.randrange(1, 50) for _ in range(20)]
+    old = system + [rng.randrange(50, 99) for _ in range(20)]  # inserted first: least recently used
+    tree.insert(old, alloc.alloc(len(old)))  # type: ignore[arg-type]
+    long = system + [rng.randrange(100, 150) for _ in range(60)]
+    for end in (40, 60, 80):  # chunks of 20 after the system prompt
+        m = tree.match_prefix(long[:end])
+        row = torch.cat([m.slots, alloc.alloc(end - len(m.slots))])  # type: ignore[list-item]
+        prefix_len = tree.insert(long[:end], row)
+        alloc.free(row[len(m.slots) : prefix_len])
+    freed = tree.evict_swa(30)
+    assert freed >= 30
+    pages = tree_pages(tree)
+    chunk1, chunk2 = tuple(long[:40]), tuple(long[:60])
+    assert not pages[chunk1] and not pages[chunk2], "the early chunks keep their local K/V"
+    for p in (tuple(old), tuple(long), tuple(system)):
+        assert all(pages[p[:i]] for i in range(len(p) - KEEP + 1, len(p) + 1)), "a usable window lost its K/V"
+    check(tree, alloc)

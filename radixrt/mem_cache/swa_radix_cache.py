@@ -12,9 +12,13 @@ the path's tail only: whole nodes up from ``node`` until ``window - 1`` tokens a
 The tail's length is fixed at the first lock taken at ``node`` (``swa_lock_len``), so every unlock walks the
 same tokens even after a node on the way was split.
 
-Eviction: ``evict_swa`` frees the local K/V of the least recently used nodes whose tail is unlocked (a locked
-full path may lose the local K/V above its window); an unlocked leaf goes whole (a tombstoned leaf serves no
-match), and the tombstoned leaves that leaves behind go too. ``evict`` (the full pool) is `RadixCache`'s.
+Eviction: ``evict_swa`` frees the local K/V of nodes no lock keeps (a locked full path may lose the local K/V
+above its window): first those no match can end after within a window (not within ``window - 1`` tokens
+before a leaf's end or a branch: the early chunks of a long prompt), then the rest, least recently used first
+in each class. An unlocked leaf goes whole (a tombstoned leaf serves no match), and the tombstoned leaves that
+leaves behind go too. ``evict`` (the full pool) is `RadixCache`'s. Requests free their own out-of-window local
+K/V; what they inserted (every prefill chunk is inserted) stays until evicted, so a shared prefix that a later
+request continues (a system prompt) keeps its window.
 
 Inserting a request's tokens: the ones whose local K/V the request already freed (out of its window,
 ``swa_freed_to``) become tombstones; a tombstoned node that the request computed again within its window
@@ -194,7 +198,8 @@ class SWARadixCache(RadixCache):
         self.pins.expire()
         if num_tokens <= 0 or not self._swa_nodes:
             return 0
-        heap = [(self._policy_key(n), n) for n in self._swa_nodes]
+        useful = self._window_useful()
+        heap = [((n in useful, *self._policy_key(n)), n) for n in self._swa_nodes]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -210,21 +215,21 @@ class SWARadixCache(RadixCache):
         self._prune_roots()
         return freed
 
-    def tombstone_path(self, node: TreeNode, end: int, lo: int, hi: int) -> int:
-        """Free the local K/V of the nodes of ``node``'s path (which ends at token ``end``) that lie wholly
-        in ``[lo, hi)`` and that no one locks: a request's own inserted prefix once out of its window.
-        Returns the end of the deepest node wholly below ``hi`` (at least ``lo``): where the next call starts."""
-        done = lo
-        while node.parent is not None and end > lo:
-            start = end - len(node.key)
-            if start < lo:
-                break
-            if end <= hi:
-                done = max(done, end)
-                if not node.swa_evicted and node.swa_lock_ref == 0:
-                    self._tombstone(node)
-            node, end = node.parent, start
-        return done
+    def _window_useful(self) -> set[TreeNode]:
+        """The nodes within the last ``window - 1`` tokens before a place a match may end: a leaf's end or a
+        branch (two or more children). The rest (a long prompt's early chunks, say) serve no match: their
+        local K/V goes first."""
+        useful: set[TreeNode] = set()
+        for root in self._roots.values():
+            for node in self._iter_nodes(root):
+                if node.parent is None or len(node.children) == 1:
+                    continue
+                acc, up = 0, node
+                while up.parent is not None and acc < self.keep and up not in useful:
+                    useful.add(up)
+                    acc += len(up.key)
+                    up = up.parent
+        return useful
 
     def _drop_leaf(self, node: TreeNode) -> None:
         """Evict unlocked leaf ``node`` from both pools, then its ancestors that become tombstoned leaves."""

@@ -208,7 +208,7 @@ class KVManager:
         ids = req.fill_ids[: req.max_prefix_len()]
         if self.swa is not None and self.swa_tree is not None:
             match, lost = self.swa_tree.match_prefix_swa(ids, req.cache_salt, req.priority)
-            self.swa.on_admit(row, len(match.slots), lost, req.retractions == 0 and not req.output_ids)
+            self.swa.on_admit(row, lost, req.retractions == 0 and not req.output_ids)
         else:
             match = self.tree.match_prefix(ids, req.cache_salt, req.priority)
         if isinstance(self.tree, HiRadixCache):

@@ -17,11 +17,9 @@ from radixrt.worker.req import Req
 
 @dataclass(slots=True)
 class SWARow:
-    """A running request's window bookkeeping: its own tokens below ``freed_to`` have no local K/V; the
-    tree's nodes it inserted are tombstoned up to ``tomb_to`` (from its admission's match on)."""
+    """A running request's window bookkeeping: its own tokens below ``freed_to`` have no local K/V."""
 
     freed_to: int = 0
-    tomb_to: int = 0
 
 
 class SWAWindows:
@@ -47,11 +45,11 @@ class SWAWindows:
         if short > 0:
             self.tree.evict_swa(short)
 
-    def on_admit(self, row: int, matched: int, lost: int, first_admission: bool) -> None:
-        """``row``'s request matched ``matched`` tokens, ``lost`` more only in the global layers."""
+    def on_admit(self, row: int, lost: int, first_admission: bool) -> None:
+        """``row``'s request was admitted; its match stopped ``lost`` tokens before the global layers' end."""
         if first_admission:
             self.recomputed_tokens += lost
-        self.rows[row] = SWARow(tomb_to=matched)
+        self.rows[row] = SWARow()
 
     def freed_to(self, row: int) -> int:
         return self.rows[row].freed_to
@@ -60,10 +58,10 @@ class SWAWindows:
         self.rows.pop(row, None)
 
     def free_out_of_window(self, req: Req) -> None:
-        """Free the local K/V of ``req``'s pages that no later token attends to (below its page-aligned length
-        less ``window - 1``, so its page-aligned prefix stays matchable): its own pages, and the tree's nodes
-        it inserted since its admission (chunked prefill) that no one locks."""
-        if req.req_pool_idx is None or req.last_node is None:
+        """Free the local K/V of ``req``'s own pages that no later token attends to (below its page-aligned
+        length less ``window - 1``, so its page-aligned prefix stays matchable). What it inserted into the tree
+        is the tree's to evict (`SWARadixCache.evict_swa`)."""
+        if req.req_pool_idx is None:
             return
         ps, row = self.page_size, req.req_pool_idx
         st = self.rows[row]
@@ -72,9 +70,6 @@ class SWAWindows:
         if end > start:
             self.allocator.free_swa(self.req_pool.req_to_token[row, start:end])
             st.freed_to = end
-        hi = min(end, req.cached_len)
-        if hi > st.tomb_to:
-            st.tomb_to = self.tree.tombstone_path(req.last_node, req.cached_len, st.tomb_to, hi)
 
     def owned_slots(self, req: Req) -> int:
         """Local-pool slots held by ``req`` outside the tree (its own pages still in its window)."""
