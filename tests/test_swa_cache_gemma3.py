@@ -24,7 +24,7 @@ from tests.hf_reference import hf_greedy
 
 NEW = 12
 GREEDY = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
-SWA = {"enable_swa_cache": True, "chunked_prefill_size": 32, "max_total_tokens": 2048}
+SWA: dict[str, Any] = {"enable_swa_cache": True, "chunked_prefill_size": 32, "max_total_tokens": 2048}
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_compiled_decode_and_gather_path(gemma3: Path, engine_factory) -> None:
 
     def no_kernels(s: Any) -> None:
         for b in s.runner.backend.by_window.values():
-            inner = b.inner if isinstance(b, SlotMappedBackend) else b
+            inner: Any = b.inner if isinstance(b, SlotMappedBackend) else b
             inner.use_decode_kernel = inner.use_extend_kernel = False
 
     plain.worker.call(no_kernels)
