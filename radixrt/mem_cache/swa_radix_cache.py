@@ -219,17 +219,17 @@ class SWARadixCache(RadixCache):
         """The nodes within the last ``window - 1`` tokens before a place a match may end: a leaf's end or a
         branch (two or more children). The rest (a long prompt's early chunks, say) serve no match: their
         local K/V goes first."""
-        useful: set[TreeNode] = set()
+        nearest: dict[TreeNode, int] = {}  # node -> fewest tokens after its end to a match end
         for root in self._roots.values():
             for node in self._iter_nodes(root):
                 if node.parent is None or len(node.children) == 1:
                     continue
                 acc, up = 0, node
-                while up.parent is not None and acc < self.keep and up not in useful:
-                    useful.add(up)
+                while up.parent is not None and acc < self.keep and nearest.get(up, self.keep) > acc:
+                    nearest[up] = acc
                     acc += len(up.key)
                     up = up.parent
-        return useful
+        return set(nearest)
 
     def _drop_leaf(self, node: TreeNode) -> None:
         """Evict unlocked leaf ``node`` from both pools, then its ancestors that become tombstoned leaves."""
