@@ -83,13 +83,9 @@ def test_qwen2_moe_layout_from_config(checkpoints: dict[str, Path]) -> None:
     assert not isinstance(model.layers[3].mlp, SparseMoE)
 
 
-def test_default_engine_runs_moe_eagerly_and_refuses_quantization(
-    checkpoints: dict[str, Path], engine_factory
-) -> None:
+def test_default_engine_runs_moe_eagerly(checkpoints: dict[str, Path], engine_factory) -> None:
     path = checkpoints["qwen3_moe"]
     eng = engine_factory(path, disable_compile=False)
     assert eng.worker.call(lambda s: s.runner.graph_runner is None)
     ids = prompts_of([12], seed=2)[0]
     assert eng.generate(input_ids=[ids], sampling_params=GREEDY)[0]["output_ids"] == hf_greedy(path, ids, 10)
-    with pytest.raises(ValueError, match="quantization.*mixture-of-experts"):
-        engine_factory(path, quantization="int8")

@@ -7,7 +7,9 @@ renormalized to sum 1 where the family does (Mixtral always; Qwen ``norm_topk_pr
 MLPs. The experts' weights are stacked, ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` (the loader fills
 them from the checkpoint's per-expert matrices). The CPU path groups the routed (token, expert) pairs by
 expert with one sort, then runs each expert that received tokens as two matmuls over its rows: a Python loop
-over experts (at most E iterations), never over tokens.
+over experts (at most E iterations), never over tokens. Under ``--quantization`` the stacked parameters give
+way to per-expert quantized linears (`radixrt.layers.experts.QuantizedExperts`, `SparseMoE.use_experts`);
+the router stays float.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata
+from radixrt.layers.experts import QuantizedExperts
 from radixrt.models.config import ModelConfig
 from radixrt.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from radixrt.models.rope import RotaryEmbedding
@@ -30,15 +33,24 @@ class SparseMoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         e, i, h = moe.num_experts, moe.expert_intermediate_size, cfg.hidden_size
-        self.top_k, self.normalize = moe.top_k, moe.norm_topk_prob
+        self.top_k, self.normalize, self.num_experts = moe.top_k, moe.norm_topk_prob, e
         self.gate = nn.Linear(h, e, bias=False)
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h))
         self.w_down = nn.Parameter(torch.empty(e, h, i))
+        self.experts: QuantizedExperts | None = None  # set by use_experts (quantized experts)
         self.shared_expert: MLP | None = None
         self.shared_expert_gate: nn.Linear | None = None
         if moe.shared_expert_intermediate_size:
             self.shared_expert = MLP(cfg, moe.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+
+    def use_experts(self, experts: QuantizedExperts) -> None:
+        """Run ``experts`` instead of the stacked float parameters, which are dropped."""
+        if len(experts.down) != self.num_experts:
+            raise ValueError(f"{len(experts.down)} quantized experts for a layer of {self.num_experts}")
+        self.experts = experts
+        self.register_parameter("w_gate_up", None)
+        self.register_parameter("w_down", None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights ``[T, k]`` in x's dtype, expert ids ``[T, k]``) of each token."""
@@ -54,15 +66,18 @@ class SparseMoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
         rows = order // self.top_k
         pair_weight = weights.flatten()[order]
-        counts = torch.bincount(flat, minlength=self.w_down.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         out = torch.zeros_like(x)
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue
             idx = rows[start : start + n]
-            gate, up = F.linear(x[idx], self.w_gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.w_down[e])
+            if self.experts is not None:
+                y = self.experts(e, x[idx])
+            else:
+                gate, up = F.linear(x[idx], self.w_gate_up[e]).chunk(2, dim=-1)
+                y = F.linear(F.silu(gate) * up, self.w_down[e])
             out.index_add_(0, idx, y * pair_weight[start : start + n, None])
             start += n
         if self.shared_expert is not None and self.shared_expert_gate is not None:

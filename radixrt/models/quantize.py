@@ -5,7 +5,10 @@ GGUF file the checkpoint was converted from (`radixrt.models.gguf.read_weights`)
 file's own quantized weights (exactly: see `radixrt.layers.gguf_linear`). Unset: ``gguf`` for a GGUF
 checkpoint in bf16 (as vLLM does), ``none`` (its weights dequantized) in float32 / float16, else ``none``.
 The embedding stays float; a tied LM head is a linear like the others (for GGUF it uses ``token_embd``'s
-blocks).
+blocks). Mixture-of-experts layers: every expert's gate/up and down through the same method
+(`radixrt.layers.experts`; for GGUF, each expert's slice of the file's stacked ``ffn_*_exps`` blocks), the
+shared expert like a dense MLP; the routers (``mlp.gate``, ``shared_expert_gate``) stay float, as SGLang and
+vLLM keep them: they are tiny, and a quantized router would move tokens between experts.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from radixrt.layers import (
     quantize_model_linears,
     use_radixrt_int4_kernel,
 )
+from radixrt.layers.experts import QuantizedExperts, quantize_experts
+from radixrt.models.gguf import GGUFWeight, read_weights
 from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.moe import SparseMoE
 
 logger = logging.getLogger(__name__)
 # What torch's float32 / float16 weight-only kernels (scalar loops, not vectorised) cost; measured on the
@@ -99,7 +105,11 @@ def apply_quantization(
     if method == "none":
         return
     if method in ("int8", "int4"):
-        quantize_model_linears(model, method, compute_dtype=model.config.dtype)
+        quantize_model_linears(model, method, _is_router, compute_dtype=model.config.dtype)
+        for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+            moe.use_experts(
+                quantize_experts(moe.w_gate_up, moe.w_down, method, compute_dtype=model.config.dtype)
+            )
     else:
         assert gguf_file is not None
         _load_gguf_linears(model, model_dir, gguf_file)
@@ -114,6 +124,10 @@ def apply_quantization(
             "requantized to int8 (int8 activations)" if dense_int8 else f"dequantized to {_name(model.config.dtype)}",
             dense_min_tokens, kept / 2**20, time.perf_counter() - t0,
         )  # fmt: skip
+
+
+def _is_router(name: str) -> bool:
+    return name.endswith((".mlp.gate", ".mlp.shared_expert_gate"))
 
 
 def _use_int4_kernel(model: LlamaForCausalLM) -> None:
@@ -146,8 +160,6 @@ class ConcatLinear(nn.Module):
 
 
 def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path) -> None:
-    from radixrt.layers.gguf_linear import gguf_linear
-    from radixrt.models.gguf import GGUFWeight, read_weights
 
     config = json.loads((model_dir / "config.json").read_text())
     # NOTE: reading the file and packing the blocks take tens of seconds on a small CPU: show the progress
@@ -157,32 +169,80 @@ def _load_gguf_linears(model: LlamaForCausalLM, model_dir: Path, gguf_file: Path
     dtype = model.config.dtype
 
     def linear(names: list[str], bias: list[str] | None = None) -> nn.Module:
-        ws = [weights[n] for n in names]
-        b = torch.cat([weights[n].dequantize() for n in bias]).to(dtype) if bias else None
-        if len({w.ggml_type for w in ws}) > 1:  # blocks of different types cannot share one layout
-            parts = [gguf_linear(w.data, w.ggml_type, _shape(w), compute_dtype=dtype) for w in ws]
-            out: nn.Module = ConcatLinear(parts)
-            if b is not None:
-                raise ValueError(f"GGUF {gguf_file.name}: mixed-type fused projection with bias: {names}")
-            return out
-        rows = np.concatenate([w.data for w in ws])
-        shape = (sum(_shape(w)[0] for w in ws), _shape(ws[0])[1])
-        return gguf_linear(rows, ws[0].ggml_type, shape, bias=b, compute_dtype=dtype)
-
-    def _shape(w: GGUFWeight) -> tuple[int, int]:
-        return int(w.shape[0]), int(w.shape[1])
+        b = [weights[n] for n in bias] if bias else None
+        return _gguf_module([weights[n] for n in names], dtype, gguf_file.name, b)
 
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        qkv = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
-        bias = [p + f"self_attn.{x}_proj.bias" for x in "qkv"] if model.config.attention_bias else None
         attn, mlp = layer.get_submodule("self_attn"), layer.get_submodule("mlp")
+        fused = p + "self_attn.qkv_proj.weight"  # Phi-3's attn_qkv
+        qkv = [fused] if fused in weights else [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+        bias = [p + f"self_attn.{x}_proj.bias" for x in "qkv"] if model.config.attention_bias else None
         setattr(attn, "qkv_proj", linear(qkv, bias))  # noqa: B010 (nn.Module attribute types are Linear)
         setattr(attn, "o_proj", linear([p + "self_attn.o_proj.weight"]))  # noqa: B010
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            setattr(mlp, name, linear([p + f"mlp.{name}.weight"]))
+        if isinstance(mlp, SparseMoE):
+            mlp.use_experts(_gguf_experts(weights, p + "mlp.experts.", dtype, gguf_file.name))
+            if mlp.shared_expert is not None:
+                mlp, p = mlp.shared_expert, p + "mlp.shared_expert."
+            else:
+                bar.update()
+                continue
+        else:
+            p += "mlp."
+        if p + "gate_up_proj.weight" in weights:  # Phi-3's ffn_up: [gate; up] rows
+            both = weights[p + "gate_up_proj.weight"]
+            half = both.shape[0] // 2
+            for name, part in (("gate_proj", _rows(both, 0, half)), ("up_proj", _rows(both, half, 2 * half))):
+                setattr(mlp, name, _gguf_module([part], dtype, gguf_file.name))
+        else:
+            for name in ("gate_proj", "up_proj"):
+                setattr(mlp, name, linear([p + f"{name}.weight"]))
+        setattr(mlp, "down_proj", linear([p + "down_proj.weight"]))  # noqa: B010
         bar.update()
     head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
     model.lm_head = linear([head])  # type: ignore[assignment]
     bar.update()
     bar.close()
+
+
+def _rows(w: GGUFWeight, start: int, stop: int) -> GGUFWeight:
+    """Rows ``[start, stop)`` of a matrix (whole rows: blocks stay intact), or of each expert of a stack."""
+    data = w.data[start:stop] if len(w.shape) == 2 else w.data[:, start:stop]
+    shape = (stop - start, *w.shape[1:]) if len(w.shape) == 2 else (w.shape[0], stop - start, w.shape[2])
+    return GGUFWeight(w.name, w.ggml_type, shape, data)
+
+
+def _gguf_module(
+    ws: list[GGUFWeight], dtype: torch.dtype, file_name: str, bias: list[GGUFWeight] | None = None
+) -> nn.Module:
+    """One linear over the row-concatenation of ``ws`` (fused q/k/v, an expert's gate/up) from their blocks."""
+    from radixrt.layers.gguf_linear import gguf_linear
+
+    b = torch.cat([w.dequantize() for w in bias]).to(dtype) if bias else None
+    if len({w.ggml_type for w in ws}) > 1:  # blocks of different types cannot share one layout
+        if b is not None:
+            raise ValueError(
+                f"GGUF {file_name}: mixed-type fused projection with bias: {[w.name for w in ws]}"
+            )
+        return ConcatLinear([gguf_linear(w.data, w.ggml_type, _shape(w), compute_dtype=dtype) for w in ws])
+    rows = np.concatenate([w.data for w in ws])
+    shape = (sum(_shape(w)[0] for w in ws), _shape(ws[0])[1])
+    return gguf_linear(rows, ws[0].ggml_type, shape, bias=b, compute_dtype=dtype)
+
+
+def _shape(w: GGUFWeight) -> tuple[int, int]:
+    return int(w.shape[-2]), int(w.shape[-1])
+
+
+def _gguf_experts(
+    weights: dict[str, GGUFWeight], prefix: str, dtype: torch.dtype, file_name: str
+) -> QuantizedExperts:
+    """Expert ``e``'s linears from slice ``e`` of the stacked ``ffn_{gate,up,down}_exps`` blocks."""
+
+    def expert(w: GGUFWeight, e: int) -> GGUFWeight:
+        return GGUFWeight(f"{w.name}[{e}]", w.ggml_type, tuple(w.shape[1:]), w.data[e])
+
+    gate, up, down = (weights[f"{prefix}{x}_proj.weight"] for x in ("gate", "up", "down"))
+    n = gate.shape[0]
+    gate_up = [_gguf_module([expert(gate, e), expert(up, e)], dtype, file_name) for e in range(n)]
+    return QuantizedExperts(gate_up, [_gguf_module([expert(down, e)], dtype, file_name) for e in range(n)])

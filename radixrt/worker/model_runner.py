@@ -79,9 +79,6 @@ class ModelRunner:
             self.quantization = self._init_tensor_parallel(model_path, gguf_file)
         else:
             self.quantization = resolve_quantization(args.quantization, gguf_file, cfg.dtype)
-            if cfg.moe is not None and self.quantization != "none":
-                raise ValueError(f"quantization: {self.quantization!r} with a mixture-of-experts model; its "
-                                 "stacked experts run unquantized so far (--quantization none)")  # fmt: skip
             apply_quantization(
                 self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens,
                 args.int4_kernel, args.dense_gemm_int8,
