@@ -156,8 +156,3 @@ class LayerGroupKV:
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         pool, i = self.index[layer_id]
         pool.set_kv(i, loc, k, v)
-
-
-def swa_bytes_per_token(full_layers: int, swa_layers: int, ratio: float, per_layer_token: int) -> float:
-    """KV bytes one full-pool token costs when the local pool holds ``ratio`` tokens per full token."""
-    return per_layer_token * (full_layers + ratio * swa_layers)
