@@ -5,11 +5,19 @@ Megatron's layout, applied in place to a model whose full weights are loaded:
 - attention: the fused q/k/v projection is column-parallel by heads (rank r keeps query heads
   ``[r*H/N, (r+1)*H/N)`` and the matching KV heads), ``o_proj`` row-parallel, then one all-reduce;
 - MLP: ``gate_proj``/``up_proj`` column-parallel, ``down_proj`` row-parallel, then one all-reduce;
+- mixture of experts: sharded within experts, not by expert: every rank keeps every expert's slice
+  ``[r*I/N, (r+1)*I/N)`` of the intermediate width (gate/up rows, down columns) and the router whole, so it
+  routes exactly as one rank would, runs the same experts on thinner matrices, and the layer's partial sums
+  (Qwen2-MoE's shared expert sharded the same way inside them) meet in one all-reduce
+  (`AllReducedOutput`). By expert would leave a rank idle whenever the batch's tokens miss its experts,
+  needs E divisible by N and a gather of the tokens each rank's experts take; within experts costs nothing
+  more than a dense MLP's one all-reduce and balances itself at any routing;
 - embedding and LM head vocab-parallel: each rank holds a contiguous slice of the vocabulary (padded to
   equal slices); the embedding masks ids outside its slice and all-reduces, the LM head all-gathers its
   logits slices;
 - norms, rotary tables and biases of row-parallel layers stay replicated (a row-parallel bias is added on
-  rank 0 only, so the all-reduce counts it once).
+  rank 0 only, so the all-reduce counts it once); a scaled embedding (Gemma 3's ``sqrt(hidden)``) scales
+  after the all-reduce, so its values are those of one rank.
 
 The KV pool of each rank then holds its KV heads only (sharded by KV heads). ``gloo`` on CPU, NCCL on CUDA.
 """
@@ -22,7 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from radixrt.models.config import ModelConfig
 from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.moe import SparseMoE
 
 
 class RowParallelLinear(nn.Module):
@@ -54,12 +64,28 @@ class VocabParallelEmbedding(nn.Module):
         self.start = rank * self.per_rank
         end = min(self.start + self.per_rank, vocab)
         self.weight = nn.Parameter(inner.weight[self.start : end].detach().clone(), requires_grad=False)
+        self.scale: float | None = getattr(inner, "scale", None)  # Gemma 3's ScaledEmbedding
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         inside = (local >= 0) & (local < self.weight.shape[0])
         out = nn.functional.embedding(torch.where(inside, local, 0), self.weight)
         out = out * inside.unsqueeze(-1).to(out.dtype)
+        dist.all_reduce(out)
+        if self.scale is not None:  # as ScaledEmbedding rounds it: float32 first, then the weights' dtype
+            out = out * torch.tensor(self.scale).to(out.dtype)
+        return out
+
+
+class AllReducedOutput(nn.Module):
+    """``inner(x)`` summed over the ranks: a block (a MoE layer) whose every rank computes a partial sum."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
         dist.all_reduce(out)
         return out
 
@@ -86,23 +112,55 @@ def _rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:
     return t[start : start + n].detach().clone()
 
 
-def check_divisible(num_heads: int, num_kv_heads: int, intermediate: int, size: int) -> None:
-    """ValueError naming what ``--tp-size`` does not divide."""
-    for name, value in (
-        ("attention heads", num_heads),
-        ("KV heads", num_kv_heads),
-        ("MLP width", intermediate),
-    ):
+def check_divisible(cfg: ModelConfig, size: int) -> None:
+    """ValueError naming what ``--tp-size`` does not divide (heads, MLP and expert widths) or cannot shard."""
+    widths = [
+        ("attention heads", cfg.num_heads),
+        ("KV heads", cfg.num_kv_heads),
+        ("MLP width", cfg.intermediate_size),
+    ]
+    if cfg.moe is not None:
+        if cfg.moe.full_qk_norm:
+            raise ValueError(f"tp_size: {cfg.architecture} runs on one rank (its q/k norms span every head)")
+        widths.append(("expert width", cfg.moe.expert_intermediate_size))
+        if cfg.moe.shared_expert_intermediate_size:
+            widths.append(("shared expert width", cfg.moe.shared_expert_intermediate_size))
+    for name, value in widths:
         if value % size:
             raise ValueError(f"tp_size: {size} does not divide the model's {value} {name}")
+
+
+def _shard_mlp(mlp: Any, rank: int, size: int, reduce: bool = True) -> None:
+    """``gate_proj`` / ``up_proj`` column-parallel, ``down_proj`` row-parallel (all-reduced if ``reduce``)."""
+    inter = mlp.gate_proj.out_features // size
+    for name in ("gate_proj", "up_proj"):
+        full: nn.Linear = getattr(mlp, name)
+        part = nn.Linear(full.in_features, inter, bias=False).to(
+            device=full.weight.device, dtype=full.weight.dtype
+        )
+        part.weight.copy_(_rows(full.weight, rank * inter, inter))
+        setattr(mlp, name, part)
+    down = RowParallelLinear(mlp.down_proj, rank, size)
+    mlp.down_proj = down if reduce else down.linear
+
+
+def _shard_experts(moe: SparseMoE, rank: int, size: int) -> None:
+    """Every expert's slice of the intermediate width: gate and up rows, down columns (no all-reduce)."""
+    width = moe.w_down.shape[2]
+    part = width // size
+    lo, hi = rank * part, (rank + 1) * part
+    gate_up = torch.cat([moe.w_gate_up[:, lo:hi], moe.w_gate_up[:, width + lo : width + hi]], dim=1)
+    moe.w_gate_up = nn.Parameter(gate_up.clone(), requires_grad=False)
+    moe.w_down = nn.Parameter(moe.w_down[:, :, lo:hi].clone(), requires_grad=False)
+    if moe.shared_expert is not None:
+        _shard_mlp(moe.shared_expert, rank, size, reduce=False)
 
 
 def shard_model(model: LlamaForCausalLM, rank: int, size: int) -> None:
     """Keep rank ``rank``'s shard of every layer (see the module docstring); in place."""
     cfg = model.config
-    check_divisible(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, size)
+    check_divisible(cfg, size)
     h, kvh, d = cfg.num_heads // size, cfg.num_kv_heads // size, cfg.head_dim
-    inter = cfg.intermediate_size // size
     with torch.no_grad():
         for layer in model.layers:
             attn: Any = layer.self_attn  # Attention (ModuleList items type as Module)
@@ -123,14 +181,11 @@ def shard_model(model: LlamaForCausalLM, rank: int, size: int) -> None:
             attn.q_size, attn.kv_size = h * d, kvh * d
             attn.o_proj = RowParallelLinear(attn.o_proj, rank, size)
             mlp: Any = layer.mlp
-            for name in ("gate_proj", "up_proj"):
-                full: nn.Linear = getattr(mlp, name)
-                part = nn.Linear(full.in_features, inter, bias=False).to(
-                    device=full.weight.device, dtype=full.weight.dtype
-                )
-                part.weight.copy_(_rows(full.weight, rank * inter, inter))
-                setattr(mlp, name, part)
-            mlp.down_proj = RowParallelLinear(mlp.down_proj, rank, size)
+            if isinstance(mlp, SparseMoE):
+                _shard_experts(mlp, rank, size)
+                layer.mlp = AllReducedOutput(mlp)
+            else:
+                _shard_mlp(mlp, rank, size)
         tied = model.lm_head.weight is model.embed_tokens.weight
         embed = VocabParallelEmbedding(model.embed_tokens, rank, size)
         head_weight = (

@@ -190,10 +190,7 @@ class ModelRunner:
         if gguf_file is not None:
             logger.info("tensor parallel: the GGUF weights run dequantized (quantization none)")
         cfg = self.config
-        if cfg.family == "gemma3" or cfg.moe is not None:
-            raise ValueError(f"tp_size: {cfg.architecture} runs on one rank so far (tensor parallelism shards "
-                             "Llama-family dense layers only)")  # fmt: skip
-        check_divisible(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, args.tp_size)
+        check_divisible(cfg, args.tp_size)
         if self.tp_rank == 0:
             if self.tp_follower is None:
                 raise ValueError("tp_size: rank 0 needs the follower entry to start the other ranks")
