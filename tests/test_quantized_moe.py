@@ -1,4 +1,4 @@
-"""--quantization int8 / int4 on mixture-of-experts models: every expert's gate/up and down (and Qwen2-MoE's
+"""--quantization int8 / int4 on mixture-of-experts models (Qwen2-MoE, Mixtral, OLMoE): every expert's gate/up and down (and Qwen2-MoE's
 shared expert, attention, LM head) through the dense layers' weight-only linears, the routers float.
 
 Each mode against its own dequantized reference, token for token: transformers' fp32 model of the same
@@ -29,6 +29,7 @@ OVERRIDES: dict[str, dict[str, object]] = {
         "intermediate_size": 704,
     },
     "mixtral": {"intermediate_size": 128},
+    "olmoe": {"intermediate_size": 128},
 }
 
 

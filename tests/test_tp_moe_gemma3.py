@@ -1,4 +1,4 @@
-"""Tensor parallelism (gloo, CPU) for Gemma 3 and the mixture-of-experts families: TP=2 gives transformers'
+"""Tensor parallelism (gloo, CPU) for Gemma 3, Phi-3 and the mixture-of-experts families (not OLMoE): TP=2 gives transformers'
 greedy ids, batched and chunked, with cached-prefix extends. Experts are sharded within experts (each rank
 holds every expert's half of the intermediate width, the router whole; radixrt.distributed.tensor_parallel);
 Gemma 3's scaled embedding and local/global layers run sharded by heads like Llama's."""
@@ -16,7 +16,7 @@ from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
 
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
-ARCHS = ["gemma3", "mixtral", "qwen2_moe", "qwen3_moe"]
+ARCHS = ["gemma3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.fixture(scope="module")
