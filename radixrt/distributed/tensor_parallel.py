@@ -17,7 +17,8 @@ Megatron's layout, applied in place to a model whose full weights are loaded:
   logits slices;
 - norms, rotary tables and biases of row-parallel layers stay replicated (a row-parallel bias is added on
   rank 0 only, so the all-reduce counts it once); a scaled embedding (Gemma 3's ``sqrt(hidden)``) scales
-  after the all-reduce, so its values are those of one rank.
+  after the all-reduce, so its values are those of one rank; a norm over every head's channels (OLMoE's q/k
+  norms) sums its squares across the ranks (`ShardedRMSNorm`).
 
 The KV pool of each rank then holds its KV heads only (sharded by KV heads). ``gloo`` on CPU, NCCL on CUDA.
 """
@@ -31,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from radixrt.models.config import ModelConfig
-from radixrt.models.llama import LlamaForCausalLM
-from radixrt.models.moe import SparseMoE
+from radixrt.models.llama import LlamaForCausalLM, RMSNorm
+from radixrt.models.moe import FullNormAttention, SparseMoE
 
 
 class RowParallelLinear(nn.Module):
@@ -75,6 +76,24 @@ class VocabParallelEmbedding(nn.Module):
         if self.scale is not None:  # as ScaledEmbedding rounds it: float32 first, then the weights' dtype
             out = out * torch.tensor(self.scale).to(out.dtype)
         return out
+
+
+class ShardedRMSNorm(RMSNorm):
+    """`RMSNorm` over a vector whose channels are split across the ranks: this rank's slice of the weight,
+    the mean of squares over the full width from an all-reduced sum."""
+
+    def __init__(self, inner: RMSNorm, start: int, n: int) -> None:
+        super().__init__(n, inner.eps)
+        self.full = inner.weight.shape[0]
+        self.weight = nn.Parameter(_rows(inner.weight, start, n), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        squares = h.pow(2).sum(-1, keepdim=True)
+        dist.all_reduce(squares)
+        h = h * torch.rsqrt(squares / self.full + self.eps)
+        return self.weight * h.to(dtype)
 
 
 class AllReducedOutput(nn.Module):
@@ -120,8 +139,6 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
         ("MLP width", cfg.intermediate_size),
     ]
     if cfg.moe is not None:
-        if cfg.moe.full_qk_norm:
-            raise ValueError(f"tp_size: {cfg.architecture} runs on one rank (its q/k norms span every head)")
         widths.append(("expert width", cfg.moe.expert_intermediate_size))
         if cfg.moe.shared_expert_intermediate_size:
             widths.append(("shared expert width", cfg.moe.shared_expert_intermediate_size))
@@ -180,6 +197,9 @@ def shard_model(model: LlamaForCausalLM, rank: int, size: int) -> None:
             attn.num_heads, attn.num_kv_heads = h, kvh
             attn.q_size, attn.kv_size = h * d, kvh * d
             attn.o_proj = RowParallelLinear(attn.o_proj, rank, size)
+            if isinstance(attn, FullNormAttention):  # OLMoE: q/k norms over every head's channels
+                attn.q_full_norm = ShardedRMSNorm(attn.q_full_norm, rank * h * d, h * d)
+                attn.k_full_norm = ShardedRMSNorm(attn.k_full_norm, rank * kvh * d, kvh * d)
             mlp: Any = layer.mlp
             if isinstance(mlp, SparseMoE):
                 _shard_experts(mlp, rank, size)
