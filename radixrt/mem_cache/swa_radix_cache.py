@@ -146,10 +146,15 @@ class SWARadixCache(RadixCache):
             if i + length <= b:
                 if i >= prefix_len and not child.swa_evicted:  # new, its local K/V already freed
                     self._tombstone(child)
-            elif child.swa_evicted and i < prefix_len and int(child.value[0]) != int(slots[i]):  # type: ignore[index]
-                self._revive(child, slots[i : i + length])
+            elif child.swa_evicted and i < prefix_len and not self._same_slots(child, slots, i):
+                self._revive(child, slots[i : i + length])  # the caller computed it again, in its window
             node, i = child, i + length
         return prefix_len
+
+    @staticmethod
+    def _same_slots(node: TreeNode, slots: torch.Tensor, at: int) -> bool:
+        """Whether ``node`` holds the caller's own slots from ``at`` (its cached prefix, not a duplicate)."""
+        return node.value is not None and int(node.value[0]) == int(slots[at])
 
     # ---- locks ------------------------------------------------------------------------------------
 
