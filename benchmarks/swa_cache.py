@@ -9,7 +9,7 @@ Model: a tiny random-weight Gemma 3 (hidden 256, 6 layers, 5 local of a 512-toke
 Gemma 3's pattern and window), float32, built once into the radixrt cache directory. Workload: multi-turn chat
 (`benchmarks/prefix_workloads.py`): ``--convs`` conversations of ``--turns`` turns sharing a system prompt;
 every turn's prompt is the previous one + the answer + a new user message, so conversations grow to
-4k-8k tokens. Calls go round-robin (turn k of every conversation, then turn k+1), ``--concurrency`` at a time:
+7k tokens (4 x 8 turns by default). Calls go round-robin (turn k of every conversation, then turn k+1), ``--concurrency`` at a time:
 many users taking turns, each coming back after the others.
 
 Budget: ``--budget-fraction`` of the working set (the union trie of every prompt and answer) in the full
@@ -192,8 +192,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--convs", type=int, default=6)
-    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--convs", type=int, default=4)
+    p.add_argument("--turns", type=int, default=8)
     p.add_argument("--system-len", type=int, default=512)
     p.add_argument("--user-len", type=int, default=800)
     p.add_argument("--output-len", type=int, default=32)
