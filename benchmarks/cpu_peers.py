@@ -250,7 +250,13 @@ def build_peers(
             skipped[name] = why
             continue
         t0 = time.perf_counter()
-        peer = make()
+        try:
+            peer = make()
+        except RuntimeError as exc:  # e.g. OpenVINO GenAI on a GGUF tensor type it does not read
+            why = f"could not load {gguf.name}: {type(exc).__name__}: {str(exc).strip()}"
+            log(f"{name}: skipped: {why}")
+            skipped[name] = why
+            continue
         startup[peer.name] = time.perf_counter() - t0
         peers.append(peer)
     return peers, {"skipped": skipped, "startup_s": startup, "versions": versions(peers)}

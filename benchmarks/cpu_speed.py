@@ -5,7 +5,8 @@ llama-cpp-python are benchmark-only dependencies, skipped with a message when mi
 benchmarks/README.md). First the peer comparison on the embedded SmolLM2-135M-Instruct Q4_1 file
 (`benchmarks.cpu_peers`: radixrt's defaults vs OpenVINO GenAI vs llama.cpp; batch-1 decode, 16 prompts x
 128 tokens, prefill 512, extend 256 over a 3k cached prefix; ``--repeats`` interleaved repeats;
-``--peers-only`` stops there), then radixrt's modes on the embedded model and on the ~88M random Llama
+``--peers-only`` stops there; ``--model-path`` runs it on another GGUF file or embedded short name, e.g.
+``--model-path gemma3-270m --tag _gemma3_270m``), then radixrt's modes on the embedded model and on the ~88M random Llama
 written as a Q4_1 GGUF file:
 
 - decode tok/s at batch 1, 8, 16, 32 after a 128-token prompt, per system;
@@ -188,6 +189,19 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def peer_gguf(model_path: str | None) -> Path:
+    """The GGUF file of ``--model-path`` (converted for radixrt up front, with progress)."""
+    from radixrt.models.embedded import embedded_gguf_path
+    from radixrt.models.resolve import resolve_model
+
+    if model_path is None:
+        return embedded_gguf_path()
+    gguf_file = resolve_model(model_path).gguf_file
+    if gguf_file is None:
+        raise SystemExit(f"--model-path {model_path}: not a GGUF file; the peers run the same GGUF file")
+    return Path(gguf_file)
+
+
 def peer_comparison(ns: argparse.Namespace, gguf: Path) -> dict[str, Any]:
     """The peer comparison (`benchmarks.cpu_peers`) on ``gguf``, its table printed and (``--readme``)
     written to the ``cpu_speed_peers`` section; the JSON block the results file keeps under ``peers``."""
@@ -238,6 +252,11 @@ def main() -> None:
         "--peers-only", action="store_true", help="only the peer comparison (keeps the rest of the JSON)"
     )
     p.add_argument("--skip-peers", action="store_true", help="no peer comparison")
+    p.add_argument(
+        "--model-path",
+        default=None,
+        help="the peer comparison's GGUF file or embedded short name (default: the embedded SmolLM2 file)",
+    )
     ns = p.parse_args()
     globals()["LONG_B8_MAX"] = ns.long_b8_max
     torch.set_num_threads(ns.threads)
@@ -246,7 +265,7 @@ def main() -> None:
     from radixrt.models.resolve import resolve_model
 
     out_json = RESULTS_DIR / f"cpu_speed{ns.tag}.json"
-    peers = None if ns.skip_peers else peer_comparison(ns, embedded_gguf_path())
+    peers = None if ns.skip_peers else peer_comparison(ns, peer_gguf(ns.model_path))
     if ns.peers_only:
         assert peers is not None
         old = json.loads(out_json.read_text(encoding="utf-8")) if out_json.is_file() else {}

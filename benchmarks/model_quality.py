@@ -1,10 +1,12 @@
 """Quality of each runtime mode against the fp32 reference on a real model, and its first-use cost.
 
 ``python -m benchmarks.model_quality [--readme]`` on the embedded SmolLM2-135M-Instruct (or
-``--model-path``): for every mode (fp32 = the reference, bf16, ...)
+``--model-path``, e.g. ``gemma3-270m`` with ``--tag _gemma3_270m``): for every mode (fp32 = the reference,
+bf16, ...)
 
 - greedy agreement: 16 held chat prompts, 128 greedy tokens each; the share of tokens before the first
-  divergence from fp32 and the number of identical sequences;
+  divergence from fp32 and the number of identical sequences (a model without a chat template, such as
+  Gemma 3 270M base, continues the bare prompts);
 - perplexity on English: the thoughts and observations of the first ReAct traces in ``--data``
   (HotpotQA; without it synthetic traces, template English), scored as prompt logprobs (one
   prefill-only request per text, 512 tokens each);
@@ -54,7 +56,7 @@ MODES: dict[str, dict[str, Any]] = {
     "bf16": {"dtype": "bfloat16", "quantization": "none"},
     "int8 (bf16)": {"dtype": "bfloat16", "quantization": "int8"},
     "int4 (bf16)": {"dtype": "bfloat16", "quantization": "int4"},
-    "gguf Q4_1 blocks (bf16)": {"dtype": "bfloat16", "quantization": "gguf"},
+    "gguf blocks (bf16)": {"dtype": "bfloat16", "quantization": "gguf"},
     "gguf + int8 dense GEMMs (bf16)": {"dtype": "bfloat16", "quantization": "gguf", "dense_gemm_int8": True},
 }
 
@@ -70,6 +72,20 @@ def react_texts(path: Path, n: int) -> list[str]:
             if len(texts) >= n:
                 break
     return texts[:n]
+
+
+def prompts_for(engine: Engine) -> list[str]:
+    """The held prompts in the model's chat template, or bare when it has none (a base model)."""
+    if getattr(engine.tokenizer, "chat_template", None) is None:
+        return list(PROMPTS)
+    return [
+        str(
+            engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+            )
+        )
+        for q in PROMPTS
+    ]
 
 
 def greedy(engine: Engine, prompts: list[str], n: int) -> list[list[int]]:
@@ -149,23 +165,22 @@ def main() -> None:
     p.add_argument("--ppl-texts", type=int, default=16)
     p.add_argument("--ppl-tokens", type=int, default=512)
     p.add_argument("--hf", action="store_true", help="also HF transformers bf16 vs fp32 (the same measure)")
-    p.add_argument("--readme", action="store_true", help="update benchmarks/README.md")
+    p.add_argument("--readme", action="store_true", help="update docs/benchmarks.md")
+    p.add_argument("--tag", default="", help="suffix of the result file and docs section (e.g. _gemma3_270m)")
     ns = p.parse_args()
+    out_json = RESULTS_DIR / f"model_quality{ns.tag}.json"
+    load0 = list(os.getloadavg())
     startup = None if ns.skip_startup else first_use(ns.model_path)
     texts = react_texts(traces_file(ns.data), ns.ppl_texts)
     results: dict[str, Any] = {}
     ref: list[list[int]] | None = None
     for mode in tqdm(ns.modes.split(","), desc="modes"):
+        tqdm.write(f"{mode}: loading (load average {os.getloadavg()[0]:.1f})")
         with Engine(model_path=ns.model_path, max_total_tokens=16384, **MODES[mode]) as eng:
-            chats = [
-                eng.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
-                )  # fmt: skip
-                for q in PROMPTS
-            ]
-            ids = greedy(eng, [str(c) for c in chats], ns.new_tokens)
+            chats = prompts_for(eng)
+            ids = greedy(eng, chats, ns.new_tokens)
             ppl = perplexity(eng, texts, ns.ppl_tokens)
-            prompt_ids = [eng.tokenizer.encode(str(c)) for c in chats]
+            prompt_ids = [eng.tokenizer.encode(c) for c in chats]
         ref = ref if ref is not None else ids
         share, same = agreement(ref, ids)
         results[mode] = {"agreement": share, "identical": same, "perplexity": ppl}
@@ -183,14 +198,15 @@ def main() -> None:
         results["hf-bf16 (vs hf-fp32)"] = dict(
             zip(("agreement", "identical"), agreement(hf32, hf16), strict=True)
         )
+    load1 = list(os.getloadavg())
     data = {"machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0") or 0)), "startup": startup,
             "model_path": ns.model_path or "embedded", "prompts": len(PROMPTS), "new_tokens": ns.new_tokens,
-            "ppl_texts": len(texts), "ppl_tokens": ns.ppl_tokens, "modes": results}  # fmt: skip
-    s = (
-        startup or json.loads((RESULTS_DIR / "model_quality.json").read_text())["startup"]
-    )  # kept from the last run
+            "ppl_texts": len(texts), "ppl_tokens": ns.ppl_tokens, "load_avg": [load0, load1],
+            "modes": results}  # fmt: skip
+    old = json.loads(out_json.read_text()) if out_json.is_file() else {}
+    s = startup or old.get("startup")  # kept from the last run of this file (None when it has none)
     data["startup"] = s
-    write_json(RESULTS_DIR / "model_quality.json", data)
+    write_json(out_json, data)
     base = results[next(iter(results))]["perplexity"]
     rows = [[m, f"{r['agreement']:.3f}", f"{r['identical']}/{len(PROMPTS)}",
              f"{r['perplexity']:.3f}" if "perplexity" in r else "",
@@ -198,14 +214,22 @@ def main() -> None:
             for m, r in results.items()]  # fmt: skip
     table = format_table(["mode", "greedy agreement", "identical", "perplexity", "vs fp32"], rows)
     note = (
-        f"First use (fresh cache dir, new process): GGUF -> HF conversion {s['cold']['resolve_s']:.1f} s, "
-        f"cache {s['cache_mb']:.0f} MB; then Engine load {s['cold']['engine_load_s']:.1f} s. Later starts: "
-        f"{s['warm']['resolve_s']:.2f} s to find the cache, Engine load {s['warm']['engine_load_s']:.1f} s, "
-        f"{s['warm']['process_s']:.1f} s for the whole process (imports included)."
+        ""
+        if s is None
+        else (
+            f"First use (fresh cache dir, new process): GGUF -> HF conversion {s['cold']['resolve_s']:.1f} s, "
+            f"cache {s['cache_mb']:.0f} MB; then Engine load {s['cold']['engine_load_s']:.1f} s. Later starts: "
+            f"{s['warm']['resolve_s']:.2f} s to find the cache, Engine load {s['warm']['engine_load_s']:.1f} s, "
+            f"{s['warm']['process_s']:.1f} s for the whole process (imports included)."
+        )
     )
-    print(table + "\n\n" + note)
+    where = (f"`--model-path {data['model_path']}`, {data['machine']['date']}, load average "
+             f"{load0[0]:.1f} -> {load1[0]:.1f} (start -> end); perplexity over {len(texts)} texts x "
+             f"{ns.ppl_tokens} tokens.")  # fmt: skip
+    text = "\n\n".join(x for x in (where, table, note) if x)
+    print(text)
     if ns.readme:
-        update_readme_section("model_quality", table + "\n\n" + note)
+        update_readme_section(f"model_quality{ns.tag}", text)
 
 
 if __name__ == "__main__":
