@@ -124,6 +124,26 @@ TOOLS: list[Any] = [
 ]
 
 
+# Requests a real model would answer with a call (``--natural``), one per tool, varied by the seed.
+NATURAL = (
+    "Find flights from {a} to {b} for {name}, age {n}, window seat.",
+    "Set the thermostat in the {room} on floor {f} to {t} degrees.",
+    "Query the {table} table for rows where {col} is {val}, at most {n} rows.",
+    "Send an email to {name}@example.com with the subject '{col} report'.",
+)
+_CITIES = ("AMS", "CDG", "JFK", "NRT")
+
+
+def natural_task(rng: random.Random, k: int) -> str:
+    """The ``k``-th natural request (cycling over the tools) with random details."""
+    name = rng.choice(["ann", "bob", "chen", "dara", "eli"])
+    fields = {"a": rng.choice(_CITIES), "b": rng.choice(_CITIES), "name": name, "n": rng.randint(2, 90),
+              "room": rng.choice(["kitchen", "office", "hall"]), "f": rng.randint(0, 5), "t": rng.randint(16, 26),
+              "table": rng.choice(["orders", "users", "sales"]), "col": rng.choice(["region", "status", "year"]),
+              "val": rng.choice(["west", "open", "2024"])}  # fmt: skip
+    return NATURAL[k % len(NATURAL)].format(**fields)
+
+
 def function_calls(msg: ChatCompletionMessage) -> list[tuple[str, str, str]]:
     """``(id, name, arguments)`` of a reply's function calls."""
     return [
@@ -179,8 +199,11 @@ def check_call(name: str, arguments: str, allowed: set[str]) -> str | None:
     return None
 
 
-def validity(client: openai.OpenAI, n: int, max_tokens: int, seed: int) -> dict[str, Any]:
-    """The share of valid calls per tool_choice (required, each tool named, auto among opened calls)."""
+def validity(
+    client: openai.OpenAI, n: int, max_tokens: int, seed: int, natural: bool = False
+) -> dict[str, Any]:
+    """The share of valid calls per tool_choice (required, each tool named, auto among opened calls); the
+    user turns are random words, or with ``natural`` requests that call for a tool (`natural_task`)."""
     rng = random.Random(seed)
     choices: list[tuple[str, Any, set[str]]] = [("required", "required", set(SCHEMAS))]
     choices += [(f"named:{t}", {"type": "function", "function": {"name": t}}, {t}) for t in SCHEMAS]
@@ -192,7 +215,7 @@ def validity(client: openai.OpenAI, n: int, max_tokens: int, seed: int) -> dict[
         for k in range(n):
             messages: list[Any] = [
                 {"role": "system", "content": f"You are a helpful agent {label} {k}."},
-                {"role": "user", "content": _text(rng, 20)},
+                {"role": "user", "content": natural_task(rng, k) if natural else _text(rng, 20)},
             ]
             resp = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice=choice,
                                                   max_tokens=max_tokens, temperature=0)  # fmt: skip
@@ -345,6 +368,8 @@ def main() -> None:
                     help="a --model-path for the server (e.g. smollm2, the embedded model); default: the tiny "
                          "random-weight checkpoint")  # fmt: skip
     ap.add_argument("--validity-only", action="store_true", help="measure call validity only (no tool loop)")
+    ap.add_argument("--natural", action="store_true",
+                    help="validity requests in words that ask for a tool (for a real model) instead of random words")  # fmt: skip
     args = ap.parse_args()
     model: Path | str = args.model or bench_checkpoint("tiny", context=8192)
     chats = tasks(args.agents, args.seed, (args.calls[0], args.calls[1]))
@@ -358,7 +383,9 @@ def main() -> None:
             try:
                 if radix:
                     with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
-                        valid = validity(c, args.validity_requests, args.call_max_tokens, args.seed)
+                        valid = validity(
+                            c, args.validity_requests, args.call_max_tokens, args.seed, args.natural
+                        )
                     httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
                 if args.validity_only:
                     break
@@ -373,6 +400,7 @@ def main() -> None:
     workload = {k: getattr(args, k) for k in ("validity_requests", "call_max_tokens", "agents", "calls",
                                               "concurrency", "result_words", "max_tokens", "seed")}  # fmt: skip
     workload["model"] = str(args.model or "tiny random-weight Llama")
+    workload["natural"] = args.natural
     info["load_avg_at_end"] = list(os.getloadavg())
     rows = [[k, str(v["opened"]), str(v["valid"]), f"{100 * v['valid_share']:.1f}%" if v["opened"] else "-"]
             for k, v in valid.items()]  # fmt: skip
