@@ -41,6 +41,15 @@ def test_config_longrope_and_limits() -> None:
     )
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         ModelConfig.from_dict({**base, "partial_rotary_factor": 0.75})
+    assert cfg.rope_scaling["use_long_factors"] is False
+    within = ModelConfig.from_dict({**base, "rope_scaling": su}, dtype="float32", context_length=4096)
+    assert within.max_position_embeddings == 4096 and not within.rope_scaling["use_long_factors"]
+    long = ModelConfig.from_dict({**base, "rope_scaling": su}, dtype="float32", context_length=8192)
+    assert long.max_position_embeddings == 131072 and long.rope_scaling["use_long_factors"]
+    assert long.rope_scaling["attention_factor"] == cfg.rope_scaling["attention_factor"]
+    with pytest.raises(ValueError, match="context_length: 8192 .* no long_factor"):
+        no_long = {"type": "su", "short_factor": [1.0] * 8}
+        ModelConfig.from_dict({**base, "rope_scaling": no_long}, context_length=8192)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -66,3 +75,31 @@ def test_prompt_logprobs_close_to_transformers(phi3: Path, engine_factory) -> No
     ours = torch.tensor([lp[0] for lp in out["meta_info"]["input_token_logprobs"][1:]])
     theirs = hf_prompt_logprobs(phi3, ids)
     assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
+
+
+def test_long_factors_past_the_original_context(tmp_path: Path, engine_factory) -> None:
+    """``--context-length`` beyond the original context selects the long factors for every position (one
+    rotation for the whole cache, as vLLM does); prompts past the original context then equal transformers,
+    which switches a sequence to the long factors once it passes the original context."""
+    half = 256 // 8 // 2  # the tiny size: hidden 256, 8 heads
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.05 * i for i in range(half)],
+        "long_factor": [1.0 + 0.7 * i for i in range(half)],
+        "original_max_position_embeddings": 48,
+    }
+    path = make_checkpoint(
+        tmp_path / "phi3_long", arch="phi3", size="tiny", seed=5, max_position_embeddings=256,
+        original_max_position_embeddings=48, rope_parameters=rope,
+    )  # fmt: skip
+    short_eng = engine_factory(path)
+    with pytest.raises(ValueError, match="the context length is 48"):
+        short_eng.generate(input_ids=prompts_of([60], seed=1), sampling_params=GREEDY)
+    eng = engine_factory(path, context_length=256, chunked_prefill_size=32, page_size=16)
+    prompts = prompts_of([49, 70, 150], seed=3)
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    followups = [prompts[1] + p for p in prompts_of([9, 40], seed=4)]
+    outs += eng.generate(input_ids=followups, sampling_params=GREEDY)
+    expect = [hf_greedy(path, ids, GREEDY["max_new_tokens"]) for ids in prompts + followups]
+    assert [o["output_ids"] for o in outs] == expect

@@ -7,6 +7,7 @@ and 5.x (``dtype``, ``rope_parameters``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ import torch
 
 from radixrt.models import gemma3_config
 from radixrt.models.moe_config import MOE_FAMILIES, MoEConfig, moe_config
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -106,16 +109,22 @@ class ModelConfig:
         return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
 
     @classmethod
-    def from_dir(cls, path: str | Path, dtype: str = "auto") -> ModelConfig:
-        """Read ``config.json`` of a checkpoint directory; ``dtype`` "auto": see `auto_dtype`."""
+    def from_dir(
+        cls, path: str | Path, dtype: str = "auto", context_length: int | None = None
+    ) -> ModelConfig:
+        """Read ``config.json`` of a checkpoint directory; ``dtype`` "auto": see `auto_dtype`;
+        ``context_length``: the server's ``--context-length`` (see `from_dict`)."""
         cfg_path = Path(path) / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"model_path: no config.json in {path}")
-        return cls.from_dict(json.loads(cfg_path.read_text()), dtype=dtype)
+        return cls.from_dict(json.loads(cfg_path.read_text()), dtype=dtype, context_length=context_length)
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any], dtype: str = "auto") -> ModelConfig:
-        """Build from a parsed config.json dict."""
+    def from_dict(
+        cls, cfg: dict[str, Any], dtype: str = "auto", context_length: int | None = None
+    ) -> ModelConfig:
+        """Build from a parsed config.json dict. ``context_length`` matters only for LongRoPE (Phi-3):
+        past the original context the model uses its long factors (see `longrope_settings`)."""
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else ""
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -144,10 +153,9 @@ class ModelConfig:
             rope_theta, rope_scaling = _rope_settings(cfg)
         max_positions = int(cfg.get("max_position_embeddings", 4096))
         if rope_scaling is not None and rope_scaling["rope_type"] == "longrope":
-            rope_scaling = longrope_settings(rope_scaling, cfg, max_positions)
-            # NOTE: transformers switches every position to the long factors once a sequence passes the
-            # original context, re-rotating what is cached; radixrt keeps the short factors and stops there.
-            max_positions = int(rope_scaling["original_max_position_embeddings"])
+            rope_scaling = longrope_settings(rope_scaling, cfg, max_positions, context_length)
+            if not rope_scaling["use_long_factors"]:
+                max_positions = int(rope_scaling["original_max_position_embeddings"])
         partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or cfg.get(
             "partial_rotary_factor"
         )
@@ -207,9 +215,18 @@ def _rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, scaling
 
 
-def longrope_settings(scaling: dict[str, Any], cfg: dict[str, Any], max_positions: int) -> dict[str, Any]:
+def longrope_settings(
+    scaling: dict[str, Any], cfg: dict[str, Any], max_positions: int, context_length: int | None = None
+) -> dict[str, Any]:
     """LongRoPE (Phi-3): ``original_max_position_embeddings`` and ``attention_factor`` filled in as
-    transformers derives them (factor = max / original context; sqrt(1 + ln factor / ln original))."""
+    transformers derives them (factor = max / original context; sqrt(1 + ln factor / ln original)).
+
+    Which factors: transformers switches a whole sequence to the long factors once it passes the original
+    context, which would re-rotate every cached key of a prefix shared with shorter sequences. radixrt
+    decides once, at startup, as vLLM does: a ``context_length`` beyond the original context selects the
+    long factors for every position (``use_long_factors``; sequences over the original context then equal
+    transformers, shorter ones are rotated as a long sequence would be); otherwise the short factors, and
+    the context stops at the original length."""
     out = dict(scaling)
     original = int(
         out.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings") or 0
@@ -217,6 +234,19 @@ def longrope_settings(scaling: dict[str, Any], cfg: dict[str, Any], max_position
     if not original or "short_factor" not in out:
         raise ValueError("rope_scaling: longrope needs original_max_position_embeddings and short_factor")
     out["original_max_position_embeddings"] = original
+    long = context_length is not None and context_length > original
+    if long and not out.get("long_factor"):
+        raise ValueError(
+            f"context_length: {context_length} passes the original context ({original}) and the "
+            "model's rope_scaling has no long_factor"
+        )
+    if long:
+        logger.warning(
+            "LongRoPE: context_length %d > original context %d, so every position uses the long factors "
+            "(shorter sequences lose some quality; set --context-length <= %d to keep the short ones)",
+            context_length, original, original,
+        )  # fmt: skip
+    out["use_long_factors"] = long
     factor = float(out.get("factor") or max_positions / original)
     if out.get("attention_factor") is None:
         out["attention_factor"] = (

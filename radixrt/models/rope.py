@@ -15,8 +15,9 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
     if scaling is None:
         return inv_freq
     kind = scaling["rope_type"]
-    if kind == "longrope":  # the short factors: radixrt stays within the original context
-        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * theta**exponents)
+    if kind == "longrope":  # one set of factors for every position: see `config.longrope_settings`
+        which = "long_factor" if scaling.get("use_long_factors") else "short_factor"
+        return 1.0 / (torch.tensor(scaling[which], dtype=torch.float32) * theta**exponents)
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor

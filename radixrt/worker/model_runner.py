@@ -60,7 +60,9 @@ class ModelRunner:
         self.tp_rank = tp_rank
         self.tp_follower = tp_follower
         self.device = resolve_device(args.device)
-        self.config = ModelConfig.from_dir(model_path, dtype=resolve_dtype(args.dtype, self.device))
+        self.config = ModelConfig.from_dir(
+            model_path, dtype=resolve_dtype(args.dtype, self.device), context_length=args.context_length
+        )
         cfg = self.config
         if args.dtype == "auto" and self.device.type == "cpu":
             native = "has" if cpu_has_native_bf16() else "lacks"
