@@ -1,7 +1,7 @@
 """Mixture-of-experts models against transformers on random weights: Mixtral (top-2 of 8, renormalized),
 Qwen2-MoE (top-3 of 8 unnormalized, gated shared expert, a dense last layer, q/k/v bias), Qwen3-MoE (top-3,
-renormalized, q/k norm), OLMoE (top-3 unnormalized, whole-projection q/k norm, q/k/v clamped). Greedy fp32 ids equal, batched, chunked, page sizes 1 and 16, cached-prefix extends;
-the expert-grouped MoE block equals a naive per-token loop."""
+renormalized, q/k norm), OLMoE (top-3 unnormalized, whole-projection q/k norm, q/k/v clamped). Greedy fp32 ids equal, batched, chunked, page sizes 1 and 16, cached-prefix extends,
+eager and compiled decode; the expert-grouped MoE block equals a naive per-token loop."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from radixrt.models.moe import SparseMoE
 from radixrt.testing.random_checkpoint import make_checkpoint
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy, hf_model
+from tests.test_compile import count_compiled
 
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
@@ -83,9 +84,31 @@ def test_qwen2_moe_layout_from_config(checkpoints: dict[str, Path]) -> None:
     assert not isinstance(model.layers[3].mlp, SparseMoE)
 
 
-def test_default_engine_runs_moe_eagerly(checkpoints: dict[str, Path], engine_factory) -> None:
-    path = checkpoints["qwen3_moe"]
-    eng = engine_factory(path, disable_compile=False)
-    assert eng.worker.call(lambda s: s.runner.graph_runner is None)
-    ids = prompts_of([12], seed=2)[0]
-    assert eng.generate(input_ids=[ids], sampling_params=GREEDY)[0]["output_ids"] == hf_greedy(path, ids, 10)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_decode_equals_eager_and_transformers(
+    checkpoints: dict[str, Path], engine_factory, arch: str
+) -> None:
+    """The default engine compiles MoE decode: per-layer graphs (attention, norms, router, shared expert)
+    around the routed experts as one opaque op. Three requests finishing at different lengths decode at
+    buckets 4, 2 and 1; greedy fp32 ids equal transformers' and the same engine's eager decode. Qwen2-MoE's
+    dense last layer is a layer kind of its own."""
+    path = checkpoints[arch]
+    eng = engine_factory(path, disable_compile=False, compile_max_bs=4)
+    gr = eng.worker.scheduler.runner.graph_runner
+    assert gr is not None
+    assert len(gr._experts) == sum(isinstance(layer.mlp, SparseMoE) for layer in gr.model.layers)
+    assert gr._kind_of == ([0, 0, 0, 1] if arch == "qwen2_moe" else [0, 0, 0, 0])
+    seen = count_compiled(eng)
+    prompts = prompts_of([5, 37, 90], seed=3)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (3, 10, 6)]
+    compiled = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)]
+    assert {1, 2, 4} <= set(seen)
+    expect = [hf_greedy(path, ids, p["max_new_tokens"]) for ids, p in zip(prompts, params, strict=True)]
+    assert compiled == expect
+
+    def eager(s) -> None:  # type: ignore[no-untyped-def]
+        s.runner.graph_runner = None
+
+    eng.worker.call(eager)
+    assert eng.flush_cache()
+    assert [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=params)] == compiled

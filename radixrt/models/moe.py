@@ -9,7 +9,8 @@ them from the checkpoint's per-expert matrices). The CPU path groups the routed 
 expert with one sort, then runs each expert that received tokens as two matmuls over its rows: a Python loop
 over experts (at most E iterations), never over tokens. Under ``--quantization`` the stacked parameters give
 way to per-expert quantized linears (`radixrt.layers.experts.QuantizedExperts`, `SparseMoE.use_experts`);
-the router stays float.
+the router stays float. In compiled decode the grouping is one opaque op (`radixrt.layers.routed_experts`)
+inside the traced layer: the graph holds the router and the shared expert, the op runs `run_experts`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.layers.experts import QuantizedExperts
+from radixrt.layers.routed_experts import routed_experts
 from radixrt.models.config import ModelConfig
 from radixrt.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from radixrt.models.rope import RotaryEmbedding
@@ -62,6 +64,16 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.route(x)
+        if torch.compiler.is_compiling():  # compiled decode: the grouping runs as an opaque op
+            out = routed_experts(x, weights, experts)
+        else:
+            out = self.run_experts(x, weights, experts)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def run_experts(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum ``[T, H]`` for the routing ``route(x)`` returned."""
         flat = experts.flatten()
         order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
         rows = order // self.top_k
@@ -80,8 +92,6 @@ class SparseMoE(nn.Module):
                 y = F.linear(F.silu(gate) * up, self.w_down[e])
             out.index_add_(0, idx, y * pair_weight[start : start + n, None])
             start += n
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
 

@@ -7,7 +7,9 @@ padding slot 0. Each decoder layer runs one compiled graph (*regional* compilati
 code, so a bucket compiles once, not once per layer), in which inductor fuses what eager runs as separate
 ops (RMSNorm, rotary, SiLU-mul, residual adds) around the linears. Attention is one opaque custom op
 (``radixrt::decode_attention``): it calls the attention backend with the forward's metadata, so the
-graph's shapes depend on the bucket only, never on the context lengths. Compiled artifacts are cached on
+graph's shapes depend on the bucket only, never on the context lengths. A mixture-of-experts layer's routed
+experts are opaque the same way (``radixrt::routed_experts``: which expert gets which rows is data-dependent),
+so its graph holds attention, norms, router and shared expert. Compiled artifacts are cached on
 disk by inductor's FX-graph cache (torch's default place, ``/tmp/torchinductor_$USER``; the environment
 variable ``TORCHINDUCTOR_CACHE_DIR`` moves it), so a restart does not pay again.
 
@@ -39,7 +41,9 @@ import torch
 from tqdm import tqdm
 
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata
+from radixrt.layers.routed_experts import compiled_experts
 from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.moe import SparseMoE
 from radixrt.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -182,6 +186,9 @@ class DecodeGraphRunner:
         self.backend = backend
         self.buckets = compile_buckets(max_bs)
         self.scope = scope
+        # Mixture of experts: each MoE block's routed experts, in layer order, for the opaque op that runs
+        # them (radixrt.layers.routed_experts); the router and shared expert stay in the graphs.
+        self._experts = [m.run_experts for m in model.modules() if isinstance(m, SparseMoE)]
         kinds: dict[Hashable, int] = {}
         self._kind_of = [kinds.setdefault(layer_kind(layer), len(kinds)) for layer in model.layers]
         # One compiled function per (bucket, layer kind) -- or per bucket for the whole stack -- and per
@@ -221,14 +228,15 @@ class DecodeGraphRunner:
         fw.backend, fw.md, fw.layer = self.backend, md, 0
         try:
             bs = ids.shape[0]
-            if self.scope == "model":
-                x = self._stack[bs](
-                    self.model.layers, self.model.embed_tokens, ids, positions, self.model.rope
-                )
-            else:
-                x = self.model.embed_tokens(ids)
-                for layer, kind in zip(self.model.layers, self._kind_of, strict=True):
-                    x = self._layer[bs, kind](layer, x, positions, self.model.rope)
+            with compiled_experts(self._experts):
+                if self.scope == "model":
+                    x = self._stack[bs](
+                        self.model.layers, self.model.embed_tokens, ids, positions, self.model.rope
+                    )
+                else:
+                    x = self.model.embed_tokens(ids)
+                    for layer, kind in zip(self.model.layers, self._kind_of, strict=True):
+                        x = self._layer[bs, kind](layer, x, positions, self.model.rope)
             if fw.layer != len(self.model.layers):
                 raise RuntimeError(
                     f"compiled decode ran attention {fw.layer} times for {len(self.model.layers)} layers"

@@ -80,7 +80,9 @@ class ModelRunner:
         if tp > 1:
             self.quantization = self._init_tensor_parallel(model_path, gguf_file)
         else:
-            self.quantization = resolve_quantization(args.quantization, gguf_file, cfg.dtype)
+            self.quantization = resolve_quantization(
+                args.quantization, gguf_file, cfg.dtype, args.int4_kernel
+            )
             apply_quantization(
                 self.model, self.quantization, Path(model_path), gguf_file, args.dense_gemm_min_tokens,
                 args.int4_kernel, args.dense_gemm_int8,
@@ -157,9 +159,9 @@ class ModelRunner:
             logger.info(
                 "tensor parallel rank %d/%d: decode runs eagerly (no compile or CUDA graphs)", tp_rank, tp
             )
-        elif cfg.moe is not None:
-            logger.info("mixture of experts: decode runs eagerly, no compile or CUDA graphs (the expert "
-                        "grouping is data-dependent)")  # fmt: skip
+        elif self.device.type == "cuda" and cfg.moe is not None:
+            logger.info("mixture of experts on cuda: decode runs eagerly (a CUDA graph cannot capture the "
+                        "data-dependent expert grouping)")  # fmt: skip
         elif self.device.type == "cuda":
             self._init_cuda_graphs()
         elif not args.disable_compile:
