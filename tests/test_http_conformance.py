@@ -155,7 +155,12 @@ def test_health_answers_while_a_long_batch_is_tokenized(c: httpx.Client) -> None
     worker.join()
     assert "temperature" in _error(result["r"], 400)["message"]
     assert result["s"] > 0.5, "the batch should take seconds to tokenize"
-    assert len(latencies) >= 5 and max(latencies) < min(0.5, result["s"] / 3), (result["s"], max(latencies))
+    # never blocked for the tokenization (seconds); typically answered in milliseconds (a busy 2-core machine
+    # may stall one probe for a scheduler slice, so the bound is on the median, not on every probe)
+    median = sorted(latencies)[len(latencies) // 2]
+    assert len(latencies) >= 5 and max(latencies) < result["s"] / 3 and median < 0.1, (
+        result["s"], max(latencies), median,
+    )  # fmt: skip
 
 
 # -- 2. JSON nesting ---------------------------------------------------------------------------------

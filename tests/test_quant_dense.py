@@ -123,17 +123,25 @@ def test_keep_dense_weights_on_a_model() -> None:
 
 
 def test_default_quantization_per_dtype(caplog: pytest.LogCaptureFixture) -> None:
+    from radixrt.kernels import int4_gemm
+
     gguf_file = Path("m.gguf")
+    f32_kernel = int4_gemm.available(torch.float32)
     assert resolve_quantization(None, gguf_file, torch.bfloat16) == "gguf"
     with caplog.at_level(logging.INFO, logger="radixrt.models.quantize"):
-        assert resolve_quantization(None, gguf_file, torch.float32) == "none"
+        # float32: the blocks where radixrt's float32 kernel runs, else the dequantized weights
+        assert resolve_quantization(None, gguf_file, torch.float32) == ("gguf" if f32_kernel else "none")
+        assert resolve_quantization(None, gguf_file, torch.float32, "torch") == "none"
         assert resolve_quantization(None, gguf_file, torch.float16) == "none"
         assert resolve_quantization(None, None, torch.float32) == "none"
     assert "run dequantized" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="radixrt.models.quantize"):
-        assert resolve_quantization("gguf", gguf_file, torch.float32) == "gguf"  # asked for: honoured
+        assert resolve_quantization("gguf", gguf_file, torch.float32, "torch") == "gguf"  # asked for: honoured
         assert "scalar float32 weight-only kernels" in caplog.text
+        caplog.clear()
+        assert resolve_quantization("gguf", gguf_file, torch.float32) == "gguf"
+        assert ("scalar" in caplog.text) != f32_kernel  # warned only where torch's scalar kernel runs
         caplog.clear()
         assert resolve_quantization("int4", None, torch.bfloat16) == "int4"
         assert resolve_quantization("none", gguf_file, torch.float32) == "none"

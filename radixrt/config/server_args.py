@@ -107,9 +107,10 @@ class ServerArgs:
     int4_kernel: str = arg(
         "auto",
         "Kernel of the int4 weight-only linears (int4, and gguf's 4/5/8-bit blocks) for batches below "
-        "--dense-gemm-min-tokens in bf16: auto (radixrt's AVX512-BF16 kernel where the CPU has avx512_bf16, "
-        "compiled on first use; it keeps a second copy of the codes, +0.5 byte a weight), torch "
-        "(torch's _weight_int4pack_mm_for_cpu).",
+        "--dense-gemm-min-tokens: auto (radixrt's own, compiled on first use: in bf16 its AVX512-BF16 kernel "
+        "where the CPU has avx512_bf16, in float32 its AVX2 kernel, which int8 linears use too and which "
+        "makes gguf the float32 default for a GGUF file; it keeps a second copy of the codes, +0.5 byte a "
+        "weight), torch (torch's kernels; float32 then runs a GGUF file dense by default).",
         ("auto", "torch"),
     )
     context_length: int | None = arg(

@@ -1,17 +1,21 @@
-"""radixrt's weight-only int4 GEMM for decode-sized batches on AVX512-BF16 CPUs, as the torch operator
-``torch.ops.radixrt_int4.mm`` (C++: ``radixrt/kernels/csrc/int4_gemm.cpp``, which explains the arithmetic).
+"""radixrt's weight-only int4 GEMMs for decode-sized batches, as torch operators: ``torch.ops.radixrt_int4.mm``
+/ ``mm_u8`` for bf16 activations on AVX512-BF16 CPUs (C++: ``csrc/int4_gemm.cpp``, which explains the
+arithmetic) and ``torch.ops.radixrt_int4_f32.mm`` / ``mm_u8`` for float32 activations on AVX2 + FMA CPUs
+(``csrc/int4_gemm_f32.cpp``). Both read the same packed codes (:func:`pack`, :func:`pack_u8`).
 
-torch's ``_weight_int4pack_mm_for_cpu`` widens every 4-bit code to fp32 and multiplies with fp32 FMAs, so it
-runs at ~300 GFLOP/s on 2 cores at any batch size and well below the memory bandwidth at batch 1. This kernel
-turns codes into exact bf16 values with one OR and multiplies with ``vdpbf16ps``; a group's scale and zero
-are applied once per group to fp32 partial sums, so the result equals an fp32 matmul by the dequantized
-weight up to rounding order, as torch's kernel does. It is a registered torch operator (not a ctypes call),
-so the compiled decode graphs call it without Python.
+torch's ``_weight_int4pack_mm_for_cpu`` widens every 4-bit code to fp32 and multiplies with fp32 FMAs, so in
+bf16 it runs at ~300 GFLOP/s on 2 cores at any batch size and well below the memory bandwidth at batch 1; for
+float32 activations it is a scalar loop (10-70x slower). The bf16 kernel turns codes into exact bf16 values
+with one OR and multiplies with ``vdpbf16ps``; the float32 kernel widens codes exactly to fp32 and multiplies
+with FMAs. In both a group's scale and zero are applied once per group to fp32 partial sums, so the result
+equals an fp32 matmul by the dequantized weight up to rounding order, as torch's kernel does. They are
+registered torch operators (not ctypes calls), so the compiled decode graphs call them without Python.
 
-The library is compiled on first use with g++ against torch's headers (~20 s, with a log line) into
+Each library is compiled on first use with g++ against torch's headers (~20 s, with a log line) into
 ``radixrt.config.cache_dir.cache_dir() / "kernels"``, keyed by the source, compiler, flags, torch version and
-CPU, and reused by later starts. ``unavailable_reason()`` says why it cannot run here (no AVX512-BF16, no
-g++, a failed build); the quantized linears then keep torch's kernel and the worker logs that reason.
+CPU, and reused by later starts. ``unavailable_reason(dtype)`` says why one cannot run here (a missing CPU
+feature, no g++, a failed build); the quantized linears then keep torch's kernel (bf16) or a dense copy
+(float32) and the worker logs that reason.
 """
 
 from __future__ import annotations
@@ -36,91 +40,117 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Int4Packed", "U8Packed", "available", "int4_mm", "pack", "pack_u8", "u8_mm", "unavailable_reason"]
 
-SOURCE = Path(__file__).parent / "csrc" / "int4_gemm.cpp"
+CSRC = Path(__file__).parent / "csrc"
 COMPILER = "g++"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
 
-_lock = threading.Lock()
-_state: dict[str, str | bool] = {}
 
+class _Library:
+    """One natively built operator library: its source, the CPU flags it needs and its load state."""
 
-def _library_path(cc: str) -> Path:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256()
-    for part in (
-        SOURCE.read_text(),
-        version,
-        " ".join(FLAGS),
-        torch.__version__,
-        platform.machine(),
-        cpu_signature(),
-    ):
-        key.update(part.encode())
-        key.update(b"\0")
-    return cache_dir() / "kernels" / f"int4_gemm-{key.hexdigest()[:20]}.so"
+    def __init__(self, source: str, namespace: str, cpu_flags: tuple[str, ...], what: str) -> None:
+        self.source = CSRC / source
+        self.namespace = namespace
+        self.cpu_flags = cpu_flags
+        self.what = what
+        self.lock = threading.Lock()
+        self.state: dict[str, str | bool] = {}
 
+    def path(self, cc: str) -> Path:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+        key = hashlib.sha256()
+        for part in (
+            self.source.read_text(),
+            version,
+            " ".join(FLAGS),
+            torch.__version__,
+            platform.machine(),
+            cpu_signature(),
+        ):
+            key.update(part.encode())
+            key.update(b"\0")
+        return cache_dir() / "kernels" / f"{self.source.stem}-{key.hexdigest()[:20]}.so"
 
-def _build(cc: str, target: Path) -> None:
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
-    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    proc = compile_atomically(lambda tmp: [cc, *FLAGS, abi, *includes, str(SOURCE), "-o", tmp, *libs], target)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compiling {SOURCE.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    def build(self, cc: str, target: Path) -> None:
+        includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+        libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+        abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+        src = str(self.source)
+        proc = compile_atomically(lambda tmp: [cc, *FLAGS, abi, *includes, src, "-o", tmp, *libs], target)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"compiling {self.source.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
 
-
-def _load() -> None:
-    """Build (if not cached) and load the operator once; records the reason when it cannot run."""
-    if "loaded" in _state or "error" in _state:
-        return
-    with _lock:
-        if "loaded" in _state or "error" in _state:
+    def load(self) -> None:
+        """Build (if not cached) and load the library once; records the reason when it cannot run."""
+        if "loaded" in self.state or "error" in self.state:
             return
-        if "avx512_bf16" not in cpu_signature().split():
-            _state["error"] = "the CPU has no AVX512-BF16 (avx512_bf16)"
-            return
-        cc = shutil.which(COMPILER)
-        if cc is None:
-            _state["error"] = f"{COMPILER} is not on PATH"
-            return
-        try:
-            path = _library_path(cc)
-            if not path.is_file():
-                logger.info("compiling radixrt's int4 GEMM kernel (first use here, ~20 s) into %s", path)
-                t0 = time.perf_counter()
-                _build(cc, path)
-                logger.info("compiled the int4 GEMM kernel in %.1f s", time.perf_counter() - t0)
-            torch.ops.load_library(str(path))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            _state["error"] = f"building or loading {SOURCE.name} failed: {exc}"
-            return
-        _register_fake()
-        _state["loaded"] = True
+        with self.lock:
+            if "loaded" in self.state or "error" in self.state:
+                return
+            flags = cpu_signature().split()
+            missing = [f for f in self.cpu_flags if f not in flags]
+            if missing:
+                self.state["error"] = f"the CPU has no {' / '.join(missing)}"
+                return
+            cc = shutil.which(COMPILER)
+            if cc is None:
+                self.state["error"] = f"{COMPILER} is not on PATH"
+                return
+            try:
+                path = self.path(cc)
+                if not path.is_file():
+                    logger.info("compiling radixrt's %s (first use here, ~20 s) into %s", self.what, path)
+                    t0 = time.perf_counter()
+                    self.build(cc, path)
+                    logger.info("compiled the %s in %.1f s", self.what, time.perf_counter() - t0)
+                torch.ops.load_library(str(path))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                self.state["error"] = f"building or loading {self.source.name} failed: {exc}"
+                return
+            _register_fake(self.namespace)
+            self.state["loaded"] = True
+
+    def reason(self) -> str | None:
+        self.load()
+        err = self.state.get("error")
+        return None if err is None else str(err)
 
 
-def _register_fake() -> None:
+_BF16 = _Library("int4_gemm.cpp", "radixrt_int4", ("avx512_bf16",), "int4 GEMM kernel (bf16)")
+_F32 = _Library("int4_gemm_f32.cpp", "radixrt_int4_f32", ("avx2", "fma"), "int4 GEMM kernel (float32)")
+SOURCE = _BF16.source
+
+
+def _register_fake(namespace: str) -> None:
     """Shapes for tracing (torch.compile): ``[M, N_pad]`` in x's dtype."""
 
-    @torch.library.register_fake("radixrt_int4::mm")  # type: ignore[misc]
+    @torch.library.register_fake(f"{namespace}::mm")  # type: ignore[misc]
     def _fake(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], codes.shape[1] * 16))
 
-    @torch.library.register_fake("radixrt_int4::mm_u8")  # type: ignore[misc]
+    @torch.library.register_fake(f"{namespace}::mm_u8")  # type: ignore[misc]
     def _fake_u8(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], codes.shape[0] * 16))
 
 
-def available() -> bool:
-    """Whether the kernel runs here (builds and loads it on the first call)."""
-    _load()
-    return "loaded" in _state
+def _library(dtype: torch.dtype) -> _Library:
+    if dtype == torch.bfloat16:
+        return _BF16
+    if dtype == torch.float32:
+        return _F32
+    raise ValueError(f"radixrt's int4 kernels compute in bfloat16 or float32, not {dtype}")
 
 
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot run here, or None when it can."""
-    _load()
-    err = _state.get("error")
-    return None if err is None else str(err)
+def available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the kernel for ``dtype`` activations runs here (builds and loads it on the first call)."""
+    return _library(dtype).reason() is None
+
+
+def unavailable_reason(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why the kernel for ``dtype`` activations cannot run here, or None when it can."""
+    return _library(dtype).reason()
 
 
 class Int4Packed:
@@ -137,10 +167,17 @@ class Int4Packed:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.sz))
 
 
-def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> Int4Packed:
+def pack(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Int4Packed:
     """Pack ``w = sum_p (codes_p - 8) * scales_p + zeros_p`` (codes uint8 ``[P, N, K]`` in 0..15; scales and
-    zeros ``[P, N, K / group_size]``, rounded to bf16) for :func:`int4_mm`. N is padded to 16 with zero
-    weights."""
+    zeros ``[P, N, K / group_size]``) for :func:`int4_mm` with ``dtype`` activations. N is padded to 16 with
+    zero weights. bf16: scales and zeros rounded to bf16 (the values torch's bf16 kernel uses); float32: the
+    scales and ``zero - 8 * scale`` in float32."""
     n_planes, n, k = codes.shape
     if k % 4 or k % group_size or group_size % 16:
         raise ValueError(f"int4 kernel: K={k} must be a multiple of group_size={group_size}, itself of 16")
@@ -153,14 +190,21 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_s
     nb = (n + pad) // 16
     quads = c.view(n_planes, nb, 16, k // 4, 4).permute(0, 1, 3, 2, 4)  # [P, NB, K/4, 16 columns, 4 k]
     packed = (quads[..., 0:2] | (quads[..., 2:4] << 4)).reshape(n_planes, nb, k // 4, 32).contiguous()
-    sz = torch.stack([F.pad(scales.float(), (0, 0, 0, pad)), F.pad(zeros.float(), (0, 0, 0, pad))], -1)
+    s, z = F.pad(scales.float(), (0, 0, 0, pad)), F.pad(zeros.float(), (0, 0, 0, pad))
+    if dtype == torch.float32:
+        z = z - 8.0 * s
+    elif dtype != torch.bfloat16:
+        raise ValueError(f"int4 kernel: activations are bfloat16 or float32, not {dtype}")
+    sz = torch.stack([s, z], -1)
     sz = sz.view(n_planes, nb, 16, k // group_size, 2).permute(0, 1, 3, 4, 2)  # [P, NB, G, 2, 16]
-    return Int4Packed(packed, sz.to(torch.bfloat16).contiguous(), group_size, n)
+    return Int4Packed(packed, sz.to(dtype).contiguous(), group_size, n)
 
 
 def int4_mm(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:
-    """``x [M, K]`` (bf16, contiguous) times the packed weight: ``[M, out_features]`` bf16."""
-    y = torch.ops.radixrt_int4.mm(x, w.codes, w.sz, w.group_size)
+    """``x [M, K]`` (contiguous; bf16 or float32, as ``w`` was packed for) times the packed weight:
+    ``[M, out_features]`` in x's dtype."""
+    ops = torch.ops.radixrt_int4 if x.dtype == torch.bfloat16 else torch.ops.radixrt_int4_f32
+    y = ops.mm(x, w.codes, w.sz, w.group_size)
     return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()
 
 
@@ -190,6 +234,8 @@ def pack_u8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, grou
 
 
 def u8_mm(x: torch.Tensor, w: U8Packed) -> torch.Tensor:
-    """``x [M, K]`` (bf16, contiguous) times the packed 8-bit weight: ``[M, out_features]`` bf16."""
-    y = torch.ops.radixrt_int4.mm_u8(x, w.codes, w.sz, w.group_size)
+    """``x [M, K]`` (contiguous; bf16 or float32) times the packed 8-bit weight: ``[M, out_features]`` in x's
+    dtype (one layout serves both kernels)."""
+    ops = torch.ops.radixrt_int4 if x.dtype == torch.bfloat16 else torch.ops.radixrt_int4_f32
+    y = ops.mm_u8(x, w.codes, w.sz, w.group_size)
     return y if y.shape[1] == w.out_features else y[:, : w.out_features].contiguous()

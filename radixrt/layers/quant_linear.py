@@ -207,6 +207,8 @@ class Int8Linear(QuantLinearBase):
 
     qweight: torch.Tensor
     scales: torch.Tensor
+    u8_codes: torch.Tensor | None  # radixrt's float32 kernel layout (use_radixrt_kernel), else None
+    u8_sz: torch.Tensor | None
 
     def __init__(
         self,
@@ -225,6 +227,9 @@ class Int8Linear(QuantLinearBase):
         qw = F.pad(qweight, (0, self.k_pad)) if self.k_pad else qweight
         self.register_buffer("qweight", qw.detach().contiguous().clone())
         self.register_buffer("scales", scales.detach().to(self.storage_dtype).contiguous().clone())
+        self.register_buffer("u8_codes", None, persistent=False)
+        self.register_buffer("u8_sz", None, persistent=False)
+        self.u8_group = 0
 
     @classmethod
     def from_float(
@@ -237,9 +242,31 @@ class Int8Linear(QuantLinearBase):
         qweight, scales = quantize_int8_per_channel(weight)
         return cls(qweight, scales, bias, compute_dtype)
 
+    def use_radixrt_kernel(self, dtype: torch.dtype) -> int:
+        """Also keep the weight as 8-bit codes ``u = q + 128`` in the layout of radixrt's float32 kernel
+        (``radixrt_int4_f32::mm_u8``, with ``w = (u - 136) * s + 8 s``, every group of a row sharing the row's
+        scale) and multiply float32 batches by it instead of torch's ``_weight_int8pack_mm``, a scalar loop
+        for float32 activations; returns the bytes kept. bf16 keeps torch's (vectorised) kernel."""
+        from radixrt.kernels.int4_gemm import pack_u8
+
+        if dtype != torch.float32:
+            raise ValueError(f"radixrt's kernel for int8 linears computes in float32, not {dtype}")
+        _require_kernel(dtype)
+        k = self.qweight.shape[1]
+        group = next(g for g in (256, 128, 64, 32, 16) if k % g == 0)  # k is a multiple of 16
+        s = self.scales.float()[:, None].expand(-1, k // group)
+        w8 = pack_u8(self.qweight.to(torch.int32) + 128, s, 8 * s, group)
+        self.register_buffer("u8_codes", w8.codes, persistent=False)
+        self.register_buffer("u8_sz", w8.sz, persistent=False)
+        self.u8_group = group
+        return w8.nbytes()
+
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.k_pad:
             x2 = F.pad(x2, (0, self.k_pad))
+        if dtype == torch.float32 and self.u8_codes is not None:
+            y = torch.ops.radixrt_int4_f32.mm_u8(x2.contiguous(), self.u8_codes, self.u8_sz, self.u8_group)
+            return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()
         return torch._weight_int8pack_mm(x2, self.qweight, self._as("scales", self.scales, dtype))
 
     def reference_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -309,6 +336,7 @@ class Int4Linear(QuantLinearBase):
         self.register_buffer("scales_and_zeros", sz.transpose(1, 2).to(self.storage_dtype).contiguous())
         for name in ("i4_codes", "i4_sz", "u8_codes", "u8_sz"):
             self.register_buffer(name, None, persistent=False)
+        self.kernel_dtype: torch.dtype | None = None  # the activation dtype radixrt's kernel layout is for
 
     @classmethod
     def from_float(
@@ -325,8 +353,8 @@ class Int4Linear(QuantLinearBase):
         return cls(codes, scales, zeros, group_size, bias, compute_dtype)
 
     def use_radixrt_kernel(self, dtype: torch.dtype) -> int:
-        """Also keep the weights in the layout of radixrt's AVX512-BF16 kernels
-        (:mod:`radixrt.kernels.int4_gemm`) and multiply ``dtype`` (bf16) batches by them instead of torch's
+        """Also keep the weights in the layout of radixrt's int4 kernels (:mod:`radixrt.kernels.int4_gemm`:
+        AVX512-BF16 for bf16, AVX2 for float32) and multiply ``dtype`` batches by them instead of torch's
         ``_weight_int4pack_mm_for_cpu``; returns the bytes kept. The scales are those torch's kernel uses in
         ``dtype``, so both multiply by the same weight.
 
@@ -335,8 +363,7 @@ class Int4Linear(QuantLinearBase):
         one per plane, for the same bytes."""
         from radixrt.kernels.int4_gemm import pack, pack_u8
 
-        if dtype != torch.bfloat16:
-            raise ValueError(f"radixrt's int4 kernel computes in bfloat16, not {dtype}")
+        _require_kernel(dtype)
         sz = self.scales_and_zeros.to(dtype).float()[:, :, : self.out_features]  # [P, K/G, N, 2]
         scales, zeros = sz[..., 0].transpose(1, 2), sz[..., 1].transpose(1, 2)  # [P, N, K/G]
         codes = self.codes()
@@ -346,18 +373,21 @@ class Int4Linear(QuantLinearBase):
             w8 = pack_u8(u, scales[1], zeros[0] + zeros[1], self.group_size)
             self.register_buffer("u8_codes", w8.codes, persistent=False)
             self.register_buffer("u8_sz", w8.sz, persistent=False)
+            self.kernel_dtype = dtype
             return w8.nbytes()
-        w = pack(codes, scales, zeros, self.group_size)
+        w = pack(codes, scales, zeros, self.group_size, dtype)
         self.register_buffer("i4_codes", w.codes, persistent=False)
         self.register_buffer("i4_sz", w.sz, persistent=False)
+        self.kernel_dtype = dtype
         return w.nbytes()
 
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if dtype == torch.bfloat16 and (self.i4_codes is not None or self.u8_codes is not None):
+        if self.kernel_dtype == dtype and (self.i4_codes is not None or self.u8_codes is not None):
+            ops = torch.ops.radixrt_int4 if dtype == torch.bfloat16 else torch.ops.radixrt_int4_f32
             if self.u8_codes is not None:
-                y = torch.ops.radixrt_int4.mm_u8(x2, self.u8_codes, self.u8_sz, self.group_size)
+                y = ops.mm_u8(x2, self.u8_codes, self.u8_sz, self.group_size)
             else:
-                y = torch.ops.radixrt_int4.mm(x2, self.i4_codes, self.i4_sz, self.group_size)
+                y = ops.mm(x2, self.i4_codes, self.i4_sz, self.group_size)
             return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()
         sz = self._as("scales_and_zeros", self.scales_and_zeros, dtype)
         y = torch._weight_int4pack_mm_for_cpu(x2, self.packed[0], self.group_size, sz[0])
@@ -402,6 +432,15 @@ class Int4Linear(QuantLinearBase):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group_size={self.group_size}, planes={self.n_planes}"
+
+
+def _require_kernel(dtype: torch.dtype) -> None:
+    """Load radixrt's kernel for ``dtype`` activations; ``ValueError`` saying why it cannot run here."""
+    from radixrt.kernels import int4_gemm
+
+    reason = int4_gemm.unavailable_reason(dtype)  # ValueError for a dtype it has no kernel for
+    if reason is not None:
+        raise ValueError(f"radixrt's {dtype} int4 kernel cannot run here: {reason}")
 
 
 def _fused_int8_ops() -> bool:

@@ -137,12 +137,15 @@ def keep_dense_weights(model: nn.Module, min_tokens: int, int8: bool = False) ->
 
 
 def use_radixrt_int4_kernel(model: nn.Module, dtype: torch.dtype) -> int:
-    """Give every :class:`Int4Linear` of ``model`` the layout of radixrt's int4 kernel for ``dtype`` (bf16)
-    batches (:meth:`Int4Linear.use_radixrt_kernel`); returns the bytes kept (0 when none is int4)."""
+    """Give every :class:`Int4Linear` of ``model`` (and in float32 every :class:`Int8Linear`) the layout of
+    radixrt's kernel for ``dtype`` batches (``use_radixrt_kernel``); returns the bytes kept (0 when none
+    is quantized)."""
     kept = 0
     done: set[int] = set()
     for mod in model.modules():
-        if isinstance(mod, Int4Linear) and id(mod) not in done:
+        if id(mod) in done:
+            continue
+        if isinstance(mod, Int4Linear) or (isinstance(mod, Int8Linear) and dtype == torch.float32):
             done.add(id(mod))
             kept += mod.use_radixrt_kernel(dtype)
     return kept

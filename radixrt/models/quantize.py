@@ -27,6 +27,7 @@ from tqdm import tqdm
 from radixrt.layers import (
     QUANTIZATION_CHOICES,
     Int4Linear,
+    Int8Linear,
     keep_dense_weights,
     quantize_model_linears,
     use_radixrt_int4_kernel,
@@ -46,17 +47,25 @@ SLOW_DTYPE_COST = (
 
 
 def resolve_quantization(
-    method: str | None, gguf_file: Path | None, dtype: torch.dtype = torch.bfloat16
+    method: str | None, gguf_file: Path | None, dtype: torch.dtype = torch.bfloat16, int4_kernel: str = "auto"
 ) -> str:
     """The method to apply: ``method`` validated, or the default for this checkpoint and dtype.
 
-    Unset on a GGUF checkpoint: ``gguf`` in bf16; in float32 / float16 ``none`` (the file's weights
-    dequantized once, dense GEMMs), because torch's weight-only kernels are scalar loops there (see
-    ``SLOW_DTYPE_COST``). An explicit weight-only method in such a dtype is honoured with a warning.
+    Unset on a GGUF checkpoint: ``gguf`` in bf16, and in float32 where radixrt's float32 kernel runs
+    (AVX2 + FMA, ``int4_kernel`` "auto"): decode-sized batches read the file's blocks (~0.6 bytes a weight
+    instead of 4), larger ones a dense copy (``--dense-gemm-min-tokens``). Otherwise (float16, or no
+    float32 kernel) ``none``: the file's weights dequantized once, dense GEMMs, because torch's weight-only
+    kernels are scalar loops there (see ``SLOW_DTYPE_COST``). An explicit weight-only method in such a
+    dtype is honoured with a warning.
     """
+    fast_f32 = dtype == torch.float32 and int4_kernel == "auto" and _f32_kernel_reason() is None
     if method is None:
         if gguf_file is None:
             return "none"
+        if fast_f32:
+            logger.info("quantization unset, dtype float32: the GGUF file's blocks run radixrt's float32 kernel "
+                        "for decode-sized batches (quantization gguf)")  # fmt: skip
+            return "gguf"
         if dtype != torch.bfloat16:
             logger.info(
                 "quantization unset, dtype %s: the GGUF file's weights run dequantized (quantization none); "
@@ -71,13 +80,19 @@ def resolve_quantization(
         )
     if method == "gguf" and gguf_file is None:
         raise ValueError("quantization: 'gguf' needs a GGUF checkpoint (--model-path FILE.gguf)")
-    if method != "none" and dtype != torch.bfloat16:
+    if method != "none" and dtype != torch.bfloat16 and not fast_f32:
         logger.warning(
             "quantization %s with dtype %s runs torch's scalar %s weight-only kernels: %s; use --dtype "
             "bfloat16, or --quantization none for exact %s",
             method, _name(dtype), _name(dtype), SLOW_DTYPE_COST, _name(dtype),
         )  # fmt: skip
     return method
+
+
+def _f32_kernel_reason() -> str | None:
+    from radixrt.kernels import int4_gemm
+
+    return int4_gemm.unavailable_reason(torch.float32)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -99,8 +114,9 @@ def apply_quantization(
     vectorized kernels; float32: exact, but torch's fp32 weight-only kernels are scalar and slow).
     ``dense_min_tokens`` > 0: the quantized linears also keep their dequantized weights for batches of at
     least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``).
-    ``int4_kernel`` "auto": in bf16, int4 linears run radixrt's AVX512-BF16 kernel where it can run here
-    (``--int4-kernel``; the reason is logged where it cannot); "torch": torch's kernel. ``dense_int8``: the
+    ``int4_kernel`` "auto": int4 linears run radixrt's kernel where it can run here, AVX512-BF16 in bf16,
+    AVX2 in float32 (where int8 linears use it too; ``--int4-kernel``; the reason is logged where it
+    cannot); "torch": torch's kernels. ``dense_int8``: the
     large-batch copies are int8 with int8 activations (``--dense-gemm-int8``)."""
     if method == "none":
         return
@@ -113,8 +129,8 @@ def apply_quantization(
     else:
         assert gguf_file is not None
         _load_gguf_linears(model, model_dir, gguf_file)
-    if int4_kernel == "auto" and model.config.dtype == torch.bfloat16:
-        _use_int4_kernel(model)
+    if int4_kernel == "auto" and model.config.dtype in (torch.bfloat16, torch.float32):
+        _use_int4_kernel(model, model.config.dtype)
     if dense_min_tokens > 0:
         t0 = time.perf_counter()
         kept = keep_dense_weights(model, dense_min_tokens, dense_int8)
@@ -130,21 +146,23 @@ def _is_router(name: str) -> bool:
     return name.endswith((".mlp.gate", ".mlp.shared_expert_gate"))
 
 
-def _use_int4_kernel(model: LlamaForCausalLM) -> None:
+def _use_int4_kernel(model: LlamaForCausalLM, dtype: torch.dtype) -> None:
     from radixrt.kernels import int4_gemm
 
-    if not any(isinstance(m, Int4Linear) for m in model.modules()):
+    kinds = (Int4Linear, Int8Linear) if dtype == torch.float32 else (Int4Linear,)
+    if not any(isinstance(m, kinds) for m in model.modules()):
         return
-    reason = int4_gemm.unavailable_reason()
+    reason = int4_gemm.unavailable_reason(dtype)
     if reason is not None:
-        logger.warning("int4 linears run torch's _weight_int4pack_mm_for_cpu: radixrt's kernel cannot run here "
-                       "(%s)", reason)  # fmt: skip
+        logger.warning("quantized linears run torch's weight-only kernels: radixrt's %s kernel cannot run here "
+                       "(%s)", _name(dtype), reason)  # fmt: skip
         return
     t0 = time.perf_counter()
-    kept = use_radixrt_int4_kernel(model, torch.bfloat16)
+    kept = use_radixrt_int4_kernel(model, dtype)
     logger.info(
-        "int4 linears run radixrt's AVX512-BF16 kernel below the dense threshold: +%.0f MiB, %.1f s "
-        "(--int4-kernel torch: torch's kernel)", kept / 2**20, time.perf_counter() - t0,
+        "quantized linears run radixrt's %s kernel below the dense threshold: +%.0f MiB, %.1f s "
+        "(--int4-kernel torch: torch's kernel)",
+        "AVX512-BF16" if dtype == torch.bfloat16 else "AVX2 float32", kept / 2**20, time.perf_counter() - t0,
     )  # fmt: skip
 
 
