@@ -3,9 +3,10 @@ compiled decode.
 
 Which expert runs which rows is data-dependent (a sort, a bincount read back to Python, a loop over the
 experts that received tokens), so a compiled graph cannot contain it. Inside a compiled forward the MoE block
-calls this op instead: the graph keeps the router (softmax, top-k, renormalization) and the shared expert
-around it, and the op runs the expert-grouped computation eagerly, as the uncompiled model does, with float
-or quantized experts alike. Its tracing twin only says the output is shaped like ``x``.
+calls this op instead: the graph keeps the router (softmax, top-k, renormalization), the weighted sum of
+each token's expert outputs and the shared expert around it, and the op runs the expert-grouped computation
+eagerly, as the uncompiled model does, with float or quantized experts alike. Its tracing twin only gives
+the output's shape, one row per (token, slot) pair.
 
 Like the compiled attention op, the op takes no layer argument (an int would be a constant of the traced
 graph, forcing one graph per layer): the caller of the compiled code lists the model's MoE blocks in layer
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-# (hidden ``[T, H]``, routing weights ``[T, k]``, expert ids ``[T, k]``) -> the experts' weighted sum ``[T, H]``
-ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (hidden ``[T, H]``, expert ids ``[T, k]``) -> each (token, slot) pair's expert output ``[T * k, H]``
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -36,20 +37,21 @@ _PASS = _Pass()
 
 
 @torch.library.custom_op("radixrt::routed_experts", mutates_args=())
-def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The next MoE block's routed experts over ``x``."""
+def routed_experts(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The next MoE block's experts ``ids [T, k]`` over the rows of ``x [T, H]``: ``[T * k, H]``, row
+    ``t * k + j`` for token t's j-th expert (unweighted)."""
     p = _PASS
     if p.next >= len(p.blocks):
         raise RuntimeError(f"routed_experts: call {p.next + 1} with {len(p.blocks)} MoE blocks listed "
                            "(outside compiled_experts?)")  # fmt: skip
     run = p.blocks[p.next]
     p.next += 1
-    return run(x, weights, ids)
+    return run(x, ids)
 
 
 @routed_experts.register_fake
-def _(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
+def _(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((ids.numel(), x.shape[1]))
 
 
 @contextmanager

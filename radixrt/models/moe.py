@@ -7,10 +7,12 @@ renormalized to sum 1 where the family does (Mixtral always; Qwen ``norm_topk_pr
 MLPs. The experts' weights are stacked, ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` (the loader fills
 them from the checkpoint's per-expert matrices). The CPU path groups the routed (token, expert) pairs by
 expert with one sort, then runs each expert that received tokens as two matmuls over its rows: a Python loop
-over experts (at most E iterations), never over tokens. Under ``--quantization`` the stacked parameters give
+over experts (at most E iterations), never over tokens; the outputs return to (token, slot) order and are
+summed with the routing weights. Under ``--quantization`` the stacked parameters give
 way to per-expert quantized linears (`radixrt.layers.experts.QuantizedExperts`, `SparseMoE.use_experts`);
 the router stays float. In compiled decode the grouping is one opaque op (`radixrt.layers.routed_experts`)
-inside the traced layer: the graph holds the router and the shared expert, the op runs `run_experts`.
+inside the traced layer: the graph holds the router, the weighted sum and the shared expert, the op runs
+`run_experts`.
 """
 
 from __future__ import annotations
@@ -65,34 +67,35 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.route(x)
         if torch.compiler.is_compiling():  # compiled decode: the grouping runs as an opaque op
-            out = routed_experts(x, weights, experts)
+            pairs = routed_experts(x, experts)
         else:
-            out = self.run_experts(x, weights, experts)
+            pairs = self.run_experts(x, experts)
+        out = (pairs.view(*experts.shape, -1) * weights.unsqueeze(-1)).sum(dim=1)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
-    def run_experts(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """The routed experts' weighted sum ``[T, H]`` for the routing ``route(x)`` returned."""
+    def run_experts(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """Every routed (token, slot) pair's expert output, ``[T * k, H]``: row ``t * k + j`` is token t's j-th
+        expert (``experts [T, k]``) applied to ``x[t]``, unweighted."""
         flat = experts.flatten()
         order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
-        rows = order // self.top_k
-        pair_weight = weights.flatten()[order]
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        out = torch.zeros_like(x)
-        start = 0
+        grouped = x.index_select(0, order // self.top_k)
+        ys, start = [], 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue
-            idx = rows[start : start + n]
+            rows = grouped[start : start + n]
             if self.experts is not None:
-                y = self.experts(e, x[idx])
+                ys.append(self.experts(e, rows))
             else:
-                gate, up = F.linear(x[idx], self.w_gate_up[e]).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, self.w_down[e])
-            out.index_add_(0, idx, y * pair_weight[start : start + n, None])
+                gate, up = F.linear(rows, self.w_gate_up[e]).chunk(2, dim=-1)
+                ys.append(F.linear(F.silu(gate) * up, self.w_down[e]))
             start += n
-        return out
+        # NOTE: back to pair order by a copy, not an index_add_ per expert: on CPU index_add_ opens an
+        # OpenMP region even for one row (~5 us alone, ~300 us while other processes share the cores).
+        return torch.empty_like(grouped).index_copy_(0, order, torch.cat(ys))
 
 
 class FullNormAttention(Attention):
