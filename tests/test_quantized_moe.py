@@ -96,14 +96,15 @@ def test_quantized_experts_match_their_reference(
 
 def test_compiled_quantized_experts_equal_eager(checkpoints: dict[str, Path], engine_factory) -> None:
     """int4 experts under compiled decode (the routed experts an opaque op, the shared expert's int4 linears
-    inside the graph) equal int4 eager decode token for token (fp32), at buckets 1 and 2. (The op runs
-    whatever experts the block holds, so one method covers them; int8 compiles 2-3x slower.)"""
+    inside the graph) equal int4 eager decode token for token (fp32): two requests decode eagerly together,
+    then the longer one alone in bucket 1 (compile time: the bucket sweep is tests/test_models_moe.py's). The
+    op runs whatever experts the block holds, so one method covers them; int8 compiles 2-3x slower."""
     path = checkpoints["qwen2_moe"]
     prompts = prompts_of([9, 26], seed=6)
     params = [{**GREEDY, "max_new_tokens": n} for n in (4, 10)]
     eager = engine_factory(path, quantization="int4").generate(input_ids=prompts, sampling_params=params)
-    eng = engine_factory(path, quantization="int4", disable_compile=False, compile_max_bs=2)
+    eng = engine_factory(path, quantization="int4", disable_compile=False, compile_max_bs=1)
     seen = count_compiled(eng)
     compiled = eng.generate(input_ids=prompts, sampling_params=params)
-    assert {1, 2} <= set(seen)
+    assert seen and set(seen) == {1}
     assert [o["output_ids"] for o in compiled] == [o["output_ids"] for o in eager]
