@@ -8,6 +8,8 @@ recording the batch size of every verify step, never by the clock.
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,21 @@ import pytest
 
 from radixrt import Engine
 from radixrt.config.server_args import ServerArgs
-from radixrt.speculative.policy import EMA_WEIGHT, PRIOR_ACCEPT, RECOVER_STEPS, SpecPolicy
+from radixrt.kernels.base import ForwardMode
+from radixrt.speculative.policy import (
+    DECAY,
+    MARGIN,
+    POOL_DECAY,
+    PRIOR_P,
+    PRIOR_WEIGHT,
+    RECOVER_STEPS,
+    SpecPolicy,
+)
 from radixrt.speculative.suffix_worker import SuffixSpeculator
 from radixrt.speculative.worker import DecodeTarget, NgramSpeculator, Speculator
 from radixrt.worker.req import Req
 from radixrt.worker.stats import SchedulerStats
+from radixrt.worker.step_cost import StepCost
 from tests.engine_fixtures import prompts_of
 
 
@@ -31,35 +43,160 @@ def test_batch_limit_is_counted() -> None:
     assert not SpecPolicy(0, 2.0).batch_allows(1, stats)  # 0: never speculate
 
 
-def test_cost_rule_and_per_request_backoff() -> None:
-    stats, pol = SchedulerStats(), SpecPolicy(max_batch_size=8, verify_cost=2.0)
-    # prior 1.5 per drafted request; the step needs (2 - 1) * batch
-    assert pol.choose(["a"], [[1, 2]], stats) == [[1, 2]]
-    assert pol.choose(["a", "b", "c"], [[1], [], [2]], stats) == [[1], [], [2]]  # 3.0 >= 3
-    assert pol.choose(["a", "b", "c", "d"], [[1], [], [], [2]], stats) == [[], [], [], []]  # 3.0 < 4
-    assert stats.spec_skipped_cost_steps == 1
-    for _ in range(6):  # "a" keeps getting nothing accepted: its average falls under (2 - 1) / 2
-        pol.record("a", 0)
-    assert pol.expected("a") == pytest.approx(PRIOR_ACCEPT * (1 - EMA_WEIGHT) ** 6)
-    assert pol.expected("a") < 0.5
+def test_acceptance_estimate_and_recovery() -> None:
+    pol = SpecPolicy(max_batch_size=8, verify_cost=None)
+    assert pol.accept_prob("a") == pytest.approx(PRIOR_P)
+    pol.record("a", 4, 4)  # all accepted: 4 successes, no rejection
+    pol.record("a", 4, 1)  # one accepted, then a rejection
+    acc, rej = DECAY * 4 + 1, 1.0
+    pooled = POOL_DECAY * 4 + 1  # every request's verifies, decaying slower: the prior of a request
+    prior = (pooled + PRIOR_P * PRIOR_WEIGHT) / (pooled + rej + PRIOR_WEIGHT)
+    assert pol.prior() == pytest.approx(prior)
+    assert pol.accept_prob("a") == pytest.approx((acc + prior * PRIOR_WEIGHT) / (acc + rej + PRIOR_WEIGHT))
+    for _ in range(10):
+        pol.record("b", 3, 0)
+    low = pol.accept_prob("b")
+    assert low < 0.2
+    stats, cost = SchedulerStats(), LinearCost(1.0, 0.1, 0.0, list(range(1, 41)))
     steps = 0
-    while pol.choose(["a"], [[1]], stats) == [[]]:  # backed off, recovering toward the prior, probed again
-        steps += 1
+    while pol.choose(["a", "b"], [10, 10], [[1, 2], [3]], stats, cost) == [[1, 2], []]:
+        steps += 1  # left out while "a" verifies: drifts back toward the prior, then probed again
         assert steps <= 2 * RECOVER_STEPS, "a backed-off request is never probed again"
-    assert stats.spec_backoff_req_steps > 0 and pol.expected("a") >= 1.0
-    assert stats.spec_backoff_req_steps + stats.spec_skipped_cost_steps == steps + 1
-    pol.record("b", 4)
-    assert pol.expected("b") == pytest.approx((1 - EMA_WEIGHT) * PRIOR_ACCEPT + EMA_WEIGHT * 4)
+    assert steps > 0 and stats.spec_backoff_req_steps == steps
+    assert low < pol.accept_prob("b") < PRIOR_P
     pol.prune({"b"})
-    assert pol.expected("a") == PRIOR_ACCEPT  # forgotten
+    assert pol.accept_prob("a") == pytest.approx(pol.prior())  # forgotten: a new request's prior
+    assert pol.prior() < PRIOR_P  # pooled: the verifies above rejected more than the prior expects
 
 
-def test_verify_cost_one_verifies_everything() -> None:
-    stats, pol = SchedulerStats(), SpecPolicy(max_batch_size=64, verify_cost=1.0)
+def test_constant_cost_verifies_all_drafts_or_none() -> None:
+    stats, pol = SchedulerStats(), SpecPolicy(max_batch_size=8, verify_cost=2.0)
+    p = PRIOR_P
+    # B + sum p^j >= 2 B: one request with 4 draft tokens (1 + 1.30) passes, with 2 (1 + 0.96) does not
+    assert pol.choose(["a"], [5], [[1, 2, 3, 4]], stats) == [[1, 2, 3, 4]]
+    assert p + p**2 < 1.0 and pol.choose(["a"], [5], [[1, 2]], stats) == [[]]
+    assert stats.spec_skipped_cost_steps == 1
+    one = SpecPolicy(max_batch_size=64, verify_cost=1.0)
     for _ in range(20):
-        pol.record("a", 0)
-    assert pol.choose(["a", "b"], [[1], [2]], stats) == [[1], [2]]
-    assert stats.spec_backoff_req_steps == stats.spec_skipped_cost_steps == 0
+        one.record("a", 1, 0)
+    assert one.choose(["a", "b"], [5, 5], [[1], [2]], stats) == [[1], [2]]  # 1: every draft verified
+    # no measured cost given: the constant applies even with verify_cost unset
+    assert SpecPolicy(8, None).choose(["a"], [5], [[1, 2]], stats) == [[]]
+
+
+class FlatCost:
+    """Every forward costs the same (memory-bound): verifying is free."""
+
+    max_tokens = 64
+
+    def ready(self) -> bool:
+        return True
+
+    def predict(self, mode: ForwardMode, tokens: int, pairs: int) -> float | None:
+        return 1.0 if tokens <= self.max_tokens else None
+
+
+class LinearCost(FlatCost):
+    """A fixed part plus a part per token and per attention pair, bucketed like the compiled step."""
+
+    def __init__(self, fixed: float, per_token: float, per_pair: float, buckets: list[int]) -> None:
+        self.fixed, self.per_token, self.per_pair, self.buckets = fixed, per_token, per_pair, buckets
+        self.max_tokens = buckets[-1]
+
+    def predict(self, mode: ForwardMode, tokens: int, pairs: int) -> float | None:
+        b = next((b for b in self.buckets if b >= tokens), None)
+        return None if b is None else self.fixed + self.per_token * b + self.per_pair * pairs
+
+
+def _rate(drafts: list[list[int]], probs: list[float], kv_lens: list[int], cost: LinearCost) -> float:
+    """Expected tokens per second of a step verifying ``drafts`` (plain decoding: all empty)."""
+    n = sum(len(d) for d in drafts)
+    gain = sum(p**j for d, p in zip(drafts, probs, strict=True) for j in range(1, len(d) + 1))
+    pairs = sum((1 + len(d)) * (L + 1 + len(d)) for d, L in zip(drafts, kv_lens, strict=True))
+    mode = ForwardMode.TARGET_VERIFY if n else ForwardMode.DECODE
+    t = cost.predict(mode, len(drafts) + n, pairs)
+    assert t is not None
+    return (len(drafts) + gain) / t
+
+
+def test_measured_cost_picks_the_fastest_step() -> None:
+    """The chosen drafts are within 3% of the best expected tokens per second (brute force over every
+    combination of per-request draft lengths), and never predicted slower than plain decoding."""
+    rng = random.Random(3)
+    buckets = [1, 2, 4, 5, 8, 10, 16, 20, 40]
+    for trial in range(200):
+        cost = LinearCost(rng.uniform(0, 1), rng.uniform(0.01, 0.3), rng.uniform(0, 1e-4), buckets)
+        b = rng.randint(1, 4)
+        rids = [f"r{trial}-{i}" for i in range(b)]
+        pol = SpecPolicy(max_batch_size=8, verify_cost=None)
+        for rid in rids:
+            for _ in range(rng.randint(0, 6)):
+                d = rng.randint(1, 4)
+                pol.record(rid, d, rng.randint(0, d))
+        drafts = [list(range(rng.randint(0, 4))) for _ in rids]
+        kv_lens = [rng.randint(1, 3000) for _ in rids]
+        probs = [pol.accept_prob(r) for r in rids]
+        got = pol.choose(rids, kv_lens, drafts, SchedulerStats(), cost)
+        assert all(g == d[: len(g)] for g, d in zip(got, drafts, strict=True))
+        plain = _rate([[] for _ in rids], probs, kv_lens, cost)
+        best = max(
+            _rate([d[:k] for d, k in zip(drafts, ks, strict=True)], probs, kv_lens, cost)
+            for ks in itertools.product(*(range(len(d) + 1) for d in drafts))
+        )
+        rate = _rate(got, probs, kv_lens, cost)
+        if any(got):
+            assert rate >= plain * (1 + MARGIN) - 1e-12
+            assert rate >= 0.97 * best  # one token at a time: near the optimum
+        else:
+            assert best <= 1.03 * plain * (1 + MARGIN)
+
+
+def test_measured_cost_follows_batch_and_context() -> None:
+    """Costly rows or a long context: only confident drafts pay; with rows nearly free, every draft is
+    verified; the bucket budget is kept; purely per-row costs (no fixed part) never pay."""
+    pol = SpecPolicy(max_batch_size=8, verify_cost=None)
+    for _ in range(5):
+        pol.record("hot", 4, 4)  # p ~ 0.94
+        pol.record("cold", 4, 0)  # p ~ 0.1
+    rids, drafts = ["hot", "cold"], [[1, 2, 3, 4], [5, 6, 7, 8]]
+    per_row = LinearCost(1.0, 0.5, 0.0, list(range(1, 41)))  # a row costs half the step's fixed part
+    got = pol.choose(rids, [100, 100], drafts, SchedulerStats(), per_row)
+    assert got == [[1, 2, 3, 4], []]
+    assert pol.choose(
+        rids, [100, 100], drafts, SchedulerStats(), LinearCost(0.0, 1.0, 0.0, list(range(1, 41)))
+    ) == [[], []]
+    cheap = LinearCost(1.0, 1e-5, 0.0, list(range(1, 41)))
+    assert pol.choose(rids, [100, 100], drafts, SchedulerStats(), cheap) == drafts
+    attention = LinearCost(1.0, 1e-3, 1e-3, list(range(1, 41)))  # 1k-token contexts: attention dominates
+    assert pol.choose(rids, [1000, 1000], drafts, SchedulerStats(), attention)[1] == []
+    small = LinearCost(1.0, 1e-3, 0.0, [1, 2, 4])  # budget: 4 tokens in all
+    got = pol.choose(rids, [100, 100], drafts, SchedulerStats(), small)
+    assert sum(1 + len(d) for d in got) <= 4 and got[0] == [1, 2]
+
+
+def test_step_cost_calibrates_then_follows_the_load() -> None:
+    """Warm-up: buckets timed, attention per pair from one decode and one verify per kernel, the faster verify
+    kernel kept; afterwards every forward moves the scale (the machine's load) and the attention rates."""
+    per_pair = {"slow": 2e-6, "fast": 0.5e-6}
+    used: list[str] = []
+
+    def probe(mode: ForwardMode, context: int, n: int) -> tuple[float, float]:
+        rate = per_pair[used[-1]] if mode == ForwardMode.TARGET_VERIFY else 1e-6
+        return 0.0, rate * n * (context + n)
+
+    cost = StepCost([1, 2, 4, 5, 8])
+    assert not cost.ready() and cost.predict(ForwardMode.DECODE, 1, 10) is None
+    kernel = cost.calibrate(lambda b: 0.01 * b, probe, 1000, 4, ["slow", "fast"], used.append)
+    assert kernel == "fast" and used[-1] == "fast" and cost.ready()
+    assert cost.verify_ratio == pytest.approx(0.5)
+    assert cost.predict(ForwardMode.DECODE, 3, 1000) == pytest.approx(0.04 + 1e-3)
+    assert cost.predict(ForwardMode.TARGET_VERIFY, 5, 1000) == pytest.approx(0.05 + 0.5e-3)
+    assert cost.predict(ForwardMode.DECODE, 9, 1) is None  # no bucket: it would run eagerly
+    for _ in range(200):  # the machine got twice as slow, attention three times
+        cost.observe(ForwardMode.DECODE, 4, 4000, 2 * 0.04 + 12e-3, 12e-3)
+        cost.observe(ForwardMode.TARGET_VERIFY, 8, 8000, 2 * 0.08 + 12e-3, 12e-3)
+    assert cost.predict(ForwardMode.DECODE, 2, 1000) == pytest.approx(2 * 0.02 + 3e-3, rel=1e-3)
+    assert cost.predict(ForwardMode.TARGET_VERIFY, 5, 1000) == pytest.approx(2 * 0.05 + 1.5e-3, rel=1e-3)
 
 
 # -- the engine under concurrency ----------------------------------------------------------------------------

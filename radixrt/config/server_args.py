@@ -324,7 +324,9 @@ class ServerArgs:
     )
     compile_max_bs: int = arg(
         16,
-        "cpu: largest compiled decode bucket (buckets 1, 2, 4, ... up to it); a larger batch decodes eagerly.",
+        "cpu: largest compiled decode bucket (buckets 1, 2, 4, ... up to it); a larger batch decodes eagerly. "
+        "With speculation, buckets of full verifies are added (b x (1 + draft tokens) for b = 1, 2, 4, ... up "
+        "to --speculative-max-batch-size).",
     )
     compile_scope: str = arg(
         "layer",
@@ -353,13 +355,15 @@ class ServerArgs:
         3, "Longest suffix (in tokens) the n-gram lookup matches; it tries n down to 1, longest first."
     )
     speculative_max_batch_size: int = arg(
-        4, "Most running requests a speculative step drafts for; with more, every step decodes plainly."
+        8,
+        "Most running requests a speculative step drafts for; with more, every step decodes plainly. The "
+        "compiled decode buckets grow to hold a verify of this many requests' full drafts.",
     )
-    speculative_verify_cost: float = arg(
-        2.0,
-        "A verify step's time in plain decode steps at the same batch: a step is speculative only when its "
-        "requests' predicted accepted drafts (moving average per request) reach (cost - 1) x batch size, "
-        "and a request predicted under (cost - 1) / 2 is not drafted. 1: verify every draft.",
+    speculative_verify_cost: float | None = arg(
+        None,
+        "A verify step's time in plain decode steps, whatever it holds: a step then verifies all its drafts "
+        "when B + their expected accepted tokens reach cost x B (1: verify every draft). Unset: measured, "
+        "from the compiled decode step's time per bucket and per attention work (2 off the compiled path).",
     )
     speculative_suffix_max_depth: int = arg(
         24, "SUFFIX: depth of the suffix tries (longest matched suffix plus draft, in tokens)."

@@ -11,7 +11,7 @@ class SpeculativeArgs(Protocol):
     speculative_num_draft_tokens: int
     speculative_ngram_max_match_window_size: int
     speculative_max_batch_size: int
-    speculative_verify_cost: float
+    speculative_verify_cost: float | None
     speculative_suffix_max_depth: int
     speculative_suffix_min_prob: float
     speculative_suffix_cache_tokens: int
@@ -29,6 +29,8 @@ def check_speculative(args: SpeculativeArgs) -> None:
     }
     for name, low in at_least.items():
         value = getattr(args, name)
+        if value is None and name == "speculative_verify_cost":  # None: measured
+            continue
         if not value >= low:
             raise ValueError(f"{name}: must be >= {low}, got {value}")
     if not 0.0 <= args.speculative_suffix_min_prob <= 1.0:

@@ -16,10 +16,14 @@ import torch
 
 
 class ForwardMode(enum.Enum):
-    """EXTEND computes new tokens after a (possibly cached) prefix; DECODE is one token per request."""
+    """EXTEND computes new tokens after a (possibly cached) prefix; DECODE is one token per request;
+    TARGET_VERIFY (SGLang's name) is a speculative verify: an extend of a few tokens per request (its last
+    token and its draft; one token for an undrafted request), run through the compiled decode step where
+    it fits a bucket. Backends treat it as an extend (they choose kernels by the extend lengths)."""
 
     EXTEND = "extend"
     DECODE = "decode"
+    TARGET_VERIFY = "target_verify"
 
 
 @dataclass(slots=True)
@@ -128,6 +132,15 @@ class AttentionBackend(ABC):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
     ) -> torch.Tensor:
         """``q`` [T, H, D], ``k``/``v`` [T, KVH, D] -> output [T, H, D]."""
+
+    def verify_kernels(self) -> list[str]:
+        """The kernels this backend can run a speculative verify's attention with (several new tokens per
+        request), when it has a choice; the model runner times each at warm-up and keeps the fastest."""
+        return []
+
+    def use_verify_kernel(self, name: str) -> None:
+        """Run TARGET_VERIFY forwards' attention with ``name`` (one of `verify_kernels`)."""
+        raise ValueError(f"verify kernel: {type(self).__name__} has no choice of kernels ({name!r})")
 
 
 _BACKENDS: dict[str, str] = {

@@ -46,6 +46,14 @@ class LayerWindowBackend(AttentionBackend):
     ) -> torch.Tensor:
         return self.of_layer[layer_id].forward(q, k, v, layer_id, md)
 
+    def verify_kernels(self) -> list[str]:
+        names = [b.verify_kernels() for b in self.by_window.values()]
+        return [n for n in names[0] if all(n in other for other in names)]
+
+    def use_verify_kernel(self, name: str) -> None:
+        for b in self.by_window.values():
+            b.use_verify_kernel(name)
+
 
 class SlotMappedBackend(AttentionBackend):
     """``inner`` over a second slot space: every slot of the forward's metadata is read through
@@ -82,6 +90,12 @@ class SlotMappedBackend(AttentionBackend):
     ) -> torch.Tensor:
         assert self._md is not None, "forward before init_forward_metadata"
         return self.inner.forward(q, k, v, layer_id, self._md)
+
+    def verify_kernels(self) -> list[str]:
+        return self.inner.verify_kernels()
+
+    def use_verify_kernel(self, name: str) -> None:
+        self.inner.use_verify_kernel(name)
 
 
 def build_backend(

@@ -73,7 +73,12 @@ def verify(logits: torch.Tensor, info: SamplingBatchInfo, drafts: Sequence[Seque
 
     Returns each request's emitted tokens (at least one: the target of its first row).
     """
-    targets = sample(logits, info).tolist()
+    return accept_all(sample(logits, info).tolist(), drafts)
+
+
+def accept_all(targets: Sequence[int], drafts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """`accept` per request over request-major ``targets`` (``1 + len(draft)`` per request): for plain
+    greedy requests the targets are the argmax of the compiled step, without logits or sampling."""
     out: list[list[int]] = []
     offset = 0
     for draft in drafts:

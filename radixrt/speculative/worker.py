@@ -1,16 +1,19 @@
-"""One speculative decode step: draft per request, verify the whole batch in one extend forward.
+"""One speculative decode step: draft per request, verify the whole batch in one compiled forward.
 
-``NgramSpeculator.step`` replaces a plain decode step when at least one running request has a draft:
+``Speculator.step`` replaces a plain decode step when the policy verifies at least one draft:
 
-1. Draft: per request, n-gram lookup over its prompt + output ids (``ngram.NgramIndex``), capped so
-   that it can never overrun max_new_tokens or the context length.
+1. Draft: per request, the drafter's proposal (``propose``), capped so that it can never overrun
+   max_new_tokens or the context length; the policy (``policy``) keeps the draft tokens that pay.
 2. KV: slots for ``1 + d`` new tokens (its last sampled token plus the draft) per request. When the
    pool cannot hold them, the step falls back to plain decode (which retracts if it must).
-3. Forward: one EXTEND batch; each request computes its new tokens causally over its cached prefix,
-   through the ordinary attention backend, with logits at every new position.
+3. Forward: one TARGET_VERIFY batch (`verify_input`): each request computes its new tokens causally over
+   its cached prefix, an undrafted request one token as in a decode. Where the tokens fit a compiled
+   bucket it runs through the compiled decode step (``radixrt.worker.graph_runner``: the layers' graphs
+   depend on the token count only, attention is an opaque op reading the batch's metadata), else eagerly.
+   A plain greedy batch gets the compiled argmax of every position; otherwise logits, sampled per row.
 4. Accept (``verify``); append tokens one by one through the scheduler's finish check, so stop
    tokens, EOS, max_new_tokens and the context length end a request exactly where plain decoding
-   would; then free the slots of rejected positions. Rejected tokens are never in ``output_ids``
+   would; then free the pages of rejected positions. Rejected tokens are never in ``output_ids``
    and lie beyond ``kv_len``, so they never reach the RadixCache.
 
 Requests with a grammar or with logprobs requested are never drafted (draft length 0): in a
@@ -31,7 +34,7 @@ from radixrt.config.server_args import ServerArgs
 from radixrt.kernels.base import ForwardMode
 from radixrt.speculative.ngram import NgramIndex
 from radixrt.speculative.policy import SpecPolicy
-from radixrt.speculative.verify import verify, verify_info
+from radixrt.speculative.verify import accept_all, verify, verify_info
 from radixrt.worker.kv_manager import KVManager
 from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from radixrt.worker.req import Req
@@ -58,6 +61,9 @@ class DecodeTarget(Protocol):
 
     def sample_and_append(self, reqs: list[Req], logits: torch.Tensor) -> None:
         """Sample and append one token per request, exactly as a plain decode step does."""
+
+    def append_tokens(self, reqs: list[Req], next_ids: torch.Tensor) -> None:
+        """Append each request's next token (a greedy decode step's argmax), as a plain decode step does."""
 
     def check_finished(self, req: Req, tok: int) -> None:
         """Set ``req.finish_reason`` if the token just appended ends it."""
@@ -136,7 +142,10 @@ class Speculator:
         if not self.policy.batch_allows(len(reqs), target.stats):
             return False
         drafts = [self.draft(r, target.runner.context_len) for r in reqs]
-        drafts = self.policy.choose([r.rid for r in reqs], drafts, target.stats)
+        gr = target.runner.graph_runner
+        drafts = self.policy.choose(
+            [r.rid for r in reqs], [r.kv_len for r in reqs], drafts, target.stats, gr.cost if gr else None
+        )
         if not any(drafts):
             return False
         kv = target.kv
@@ -145,64 +154,82 @@ class Speculator:
         for r, d in zip(reqs, drafts, strict=True):
             ok = kv.alloc(r, 1 + len(d))
             assert ok, "speculative slot allocation failed after the capacity check"
-        logits = self._forward(target.runner, reqs, drafts)
-        starts: list[int] = []
-        offset = 0
+        starts = [0]
         for d in drafts:
-            starts.append(offset)
-            offset += 1 + len(d)
+            starts.append(starts[-1] + 1 + len(d))
+        fi = verify_input(reqs, drafts)
+        # Plain greedy batches take the compiled step's argmax (no logits leave it, nothing is sampled),
+        # as a plain decode step does; otherwise every row is sampled (`verify`).
+        greedy = all(r.plain_greedy for r in reqs)
+        targets = target.runner.forward_greedy(fi) if greedy else None
+        logits = None if targets is not None else target.runner.logits(target.runner.forward(fi))
         plain = [i for i, d in enumerate(drafts) if not d]
         if plain:
             preqs = [reqs[i] for i in plain]
             for r in preqs:
                 r.kv_len += 1
-            target.sample_and_append(preqs, logits[[starts[i] for i in plain]])
+            if targets is not None:
+                target.append_tokens(preqs, targets[[starts[i] for i in plain]])
+            else:
+                assert logits is not None
+                target.sample_and_append(preqs, logits[[starts[i] for i in plain]])
         drafted = [i for i, d in enumerate(drafts) if d]
         dreqs, ddrafts = [reqs[i] for i in drafted], [drafts[i] for i in drafted]
-        rows = torch.cat([torch.arange(starts[i], starts[i] + 1 + len(drafts[i])) for i in drafted])
-        info = verify_info(dreqs, ddrafts, target.eos_ids, target.vocab_size)
-        stats = target.stats
-        for r, d, toks in zip(dreqs, ddrafts, verify(logits[rows], info, ddrafts), strict=True):
-            computed_end = r.kv_len + 1 + len(d)
-            emitted = 0
-            for tok in toks:
-                r.output_ids.append(tok)
-                r.pending_out.append(tok)
-                emitted += 1
-                target.check_finished(r, tok)
-                if r.finish_reason is not None:
-                    break
-            # KV is valid for the previous last token and every accepted draft token before the
-            # newest one, which (as in plain decoding) has no KV yet.
-            r.kv_len += emitted
-            free_rejected(kv, r, computed_end)
-            stats.spec_verify_reqs += 1
-            stats.spec_draft_tokens += len(d)
-            stats.spec_accepted_tokens += emitted - 1
-            r.spec_verify_ct += 1
-            r.spec_accepted += emitted - 1
-            self.policy.record(r.rid, emitted - 1)
-        stats.spec_verify_steps += 1
+        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in drafted])
+        if targets is not None:
+            emitted = accept_all(targets[rows].tolist(), ddrafts)
+        else:
+            assert logits is not None
+            info = verify_info(dreqs, ddrafts, target.eos_ids, target.vocab_size)
+            emitted = verify(logits[rows], info, ddrafts)
+        for r, d, toks in zip(dreqs, ddrafts, emitted, strict=True):
+            self._emit(r, d, toks, target)
+        target.stats.spec_verify_steps += 1
         return True
 
-    @staticmethod
-    def _forward(runner: ModelRunner, reqs: list[Req], drafts: list[list[int]]) -> torch.Tensor:
-        """One EXTEND forward of ``[last token] + draft`` per request; logits ``[sum(1 + d), V]``."""
-        ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        for r, d in zip(reqs, drafts, strict=True):
-            ids.append(r.output_ids[-1])
-            ids.extend(d)
-            positions.append(torch.arange(r.kv_len, r.kv_len + 1 + len(d)))
-        fi = ForwardInput(
-            ForwardMode.EXTEND,
-            [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
-            [r.kv_len for r in reqs],
-            [1 + len(d) for d in drafts],
-            ids,
-            torch.cat(positions),
-        )
-        return runner.logits(runner.forward(fi))
+    def _emit(self, r: Req, draft: list[int], toks: list[int], target: DecodeTarget) -> None:
+        """Append a drafted request's accepted tokens through the finish check, then free its rejected
+        positions' pages and count the verify."""
+        computed_end = r.kv_len + 1 + len(draft)
+        emitted = 0
+        for tok in toks:
+            r.output_ids.append(tok)
+            r.pending_out.append(tok)
+            emitted += 1
+            target.check_finished(r, tok)
+            if r.finish_reason is not None:
+                break
+        # KV is valid for the previous last token and every accepted draft token before the newest one,
+        # which (as in plain decoding) has no KV yet.
+        r.kv_len += emitted
+        free_rejected(target.kv, r, computed_end)
+        stats = target.stats
+        stats.spec_verify_reqs += 1
+        stats.spec_draft_tokens += len(draft)
+        stats.spec_accepted_tokens += emitted - 1
+        r.spec_verify_ct += 1
+        r.spec_accepted += emitted - 1
+        self.policy.record(r.rid, len(draft), emitted - 1)
+
+
+def verify_input(reqs: list[Req], drafts: list[list[int]]) -> ForwardInput:
+    """The verify forward: ``[last token] + draft`` per request after its ``kv_len`` cached tokens, as one
+    TARGET_VERIFY batch (the compiled decode step where its tokens fit a bucket; an undrafted request is
+    a plain decode row in it)."""
+    ids: list[int] = []
+    positions: list[torch.Tensor] = []
+    for r, d in zip(reqs, drafts, strict=True):
+        ids.append(r.output_ids[-1])
+        ids.extend(d)
+        positions.append(torch.arange(r.kv_len, r.kv_len + 1 + len(d)))
+    return ForwardInput(
+        ForwardMode.TARGET_VERIFY,
+        [r.req_pool_idx for r in reqs if r.req_pool_idx is not None],
+        [r.kv_len for r in reqs],
+        [1 + len(d) for d in drafts],
+        ids,
+        torch.cat(positions),
+    )
 
 
 class NgramSpeculator(Speculator):

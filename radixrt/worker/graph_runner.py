@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 import types
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from radixrt.layers.routed_experts import compiled_experts
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.moe import SparseMoE
 from radixrt.models.rope import RotaryEmbedding
+from radixrt.worker.step_cost import StepCost
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,16 @@ def compile_buckets(max_bs: int) -> list[int]:
     return [*buckets, max_bs]
 
 
+def verify_buckets(max_requests: int, draft_tokens: int) -> list[int]:
+    """Buckets of full speculative verifies besides the decode ones: ``b x (1 + k)`` tokens for ``b`` in 1, 2,
+    4, ... up to ``max_requests`` (k = 4, 8 requests: 5, 10, 20, 40), so that the largest verify fits.
+    NOTE: on a CPU a padding row costs about what a real one does: a batch-1 verify of 5 tokens padded to 8
+    would cost 60% more."""
+    if max_requests < 1:
+        return []
+    return [b * (1 + draft_tokens) for b in compile_buckets(max_requests)]
+
+
 @dataclass
 class _Forward:
     """The forward in flight: its backend and metadata, and the next layer's index."""
@@ -67,6 +78,7 @@ class _Forward:
     backend: AttentionBackend | None = None
     md: AttentionMetadata | None = None
     layer: int = 0
+    attention_s: float = 0.0  # seconds in the attention op so far (the step cost model reads it)
     layers: list[int] = field(default_factory=list)
 
 
@@ -83,7 +95,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     assert fw.backend is not None and fw.md is not None, "decode_attention outside a compiled forward"
     layer = fw.layer
     fw.layer += 1
-    return fw.backend.forward(q, k, v, layer, fw.md)
+    t0 = time.perf_counter()
+    out = fw.backend.forward(q, k, v, layer, fw.md)
+    fw.attention_s += time.perf_counter() - t0
+    return out
 
 
 @decode_attention.register_fake
@@ -175,16 +190,24 @@ def _raise_recompile_limit() -> None:
 
 
 class DecodeGraphRunner:
-    """Runs decode forwards of up to ``max_bs`` requests through per-bucket compiled layers."""
+    """Runs decode forwards of up to ``max_bs`` requests through per-bucket compiled layers (and speculative
+    verifies, whose tokens fill the buckets as rows do: ``extra_buckets`` adds their sizes)."""
 
     def __init__(
-        self, model: LlamaForCausalLM, backend: AttentionBackend, max_bs: int, scope: str = "layer"
+        self,
+        model: LlamaForCausalLM,
+        backend: AttentionBackend,
+        max_bs: int,
+        scope: str = "layer",
+        extra_buckets: Sequence[int] = (),
     ) -> None:
         if scope not in ("layer", "model"):
             raise ValueError(f"compile_scope: layer or model, got {scope!r}")
         self.model = model
         self.backend = backend
-        self.buckets = compile_buckets(max_bs)
+        self.buckets = sorted({*compile_buckets(max_bs), *(b for b in extra_buckets if b > 0)})
+        self.cost = StepCost(self.buckets)
+        self.last_attention_s = 0.0  # seconds the last forward spent in attention
         self.scope = scope
         # Mixture of experts: each MoE block's routed experts, in layer order, for the opaque op that runs
         # them (radixrt.layers.routed_experts); the router and shared expert stay in the graphs.
@@ -225,7 +248,7 @@ class DecodeGraphRunner:
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         _raise_recompile_limit()
         fw = _CURRENT
-        fw.backend, fw.md, fw.layer = self.backend, md, 0
+        fw.backend, fw.md, fw.layer, fw.attention_s = self.backend, md, 0, 0.0
         try:
             bs = ids.shape[0]
             with compiled_experts(self._experts):
@@ -243,6 +266,7 @@ class DecodeGraphRunner:
                 )
             return x
         finally:
+            self.last_attention_s = fw.attention_s
             fw.backend, fw.md = None, None
 
     def warmup(self, run_padding_batch: Callable[[int], None]) -> float:

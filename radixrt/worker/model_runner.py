@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from radixrt.models.loader import load_model
 from radixrt.models.quantize import apply_quantization, resolve_quantization
 from radixrt.worker.cuda_graph_runner import CudaGraphRunner
 from radixrt.worker.device import kv_budget_bytes, resolve_attention_backend, resolve_device, resolve_dtype
-from radixrt.worker.graph_runner import DecodeGraphRunner
+from radixrt.worker.graph_runner import DecodeGraphRunner, verify_buckets
+from radixrt.worker.step_cost import attention_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +168,17 @@ class ModelRunner:
             self._init_cuda_graphs()
         elif not args.disable_compile:
             self.graph_runner = DecodeGraphRunner(
-                self.model, self.backend, args.compile_max_bs, args.compile_scope
+                self.model,
+                self.backend,
+                args.compile_max_bs,
+                args.compile_scope,
+                verify_buckets(args.speculative_max_batch_size, args.speculative_num_draft_tokens)
+                if args.speculative_algorithm is not None
+                else [],
             )
             self.graph_runner.warmup(self._run_padding_batch)
+            if args.speculative_algorithm is not None:
+                self._calibrate_step_cost(self.graph_runner)
         logger.info(
             "model %s (%s, %s, quantization %s): KV pool %d tokens, %.1f MiB, page_size %d",
             model_path,
@@ -302,10 +312,11 @@ class ModelRunner:
         return self._run(fi, greedy=True)
 
     def _run(self, fi: ForwardInput, greedy: bool) -> torch.Tensor:
-        gr = self.graph_runner or self.cuda_graph_runner
-        bs = len(fi.rows)
-        bucket = gr.bucket(bs) if gr is not None and fi.mode == ForwardMode.DECODE else None
+        t0 = time.perf_counter()
+        bs = len(fi.input_ids)  # new tokens: one per request in a decode
+        bucket = self._bucket(fi.mode, bs)
         if bucket is not None:
+            pairs = attention_pairs(fi.prefix_lens, fi.extend_lens)
             fi = self._pad_decode(fi, bucket)
         md = self.build_metadata(fi)
         ids = torch.tensor(fi.input_ids, dtype=torch.int64)
@@ -319,15 +330,29 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.forward(md, ids, positions)
         self.backend.init_forward_metadata(md)
-        if self.graph_runner is not None and bucket is not None:
-            run = self.graph_runner.forward_greedy if greedy else self.graph_runner.forward
-            return run(ids, positions, md)[:bs]
+        gr = self.graph_runner
+        if gr is not None and bucket is not None:
+            out = (gr.forward_greedy if greedy else gr.forward)(ids, positions, md)[:bs]
+            gr.cost.observe(fi.mode, bucket, pairs, time.perf_counter() - t0, gr.last_attention_s)
+            return out
         hidden = self.model(ids, positions, self.backend, md)
         return torch.argmax(self.logits(hidden), dim=-1) if greedy else hidden
 
+    def _bucket(self, mode: ForwardMode, tokens: int) -> int | None:
+        """The compiled bucket a forward of ``tokens`` new tokens runs in, or None (eager): decodes on the
+        CPU graphs or CUDA graphs, speculative verifies on the CPU graphs only (their attention is an
+        opaque op that reads any metadata; a CUDA graph captured its decode kernel's plan)."""
+        if mode == ForwardMode.DECODE:
+            gr = self.graph_runner or self.cuda_graph_runner
+            return gr.bucket(tokens) if gr is not None else None
+        if mode == ForwardMode.TARGET_VERIFY and self.graph_runner is not None:
+            return self.graph_runner.bucket(tokens)
+        return None
+
     def _pad_decode(self, fi: ForwardInput, bucket: int) -> ForwardInput:
-        """``fi`` with rows appended up to ``bucket``: token 0 at position 0 on the all-zero padding row."""
-        pad = bucket - len(fi.rows)
+        """``fi`` with one-token requests appended up to ``bucket`` tokens: token 0 at position 0 on the
+        all-zero padding row."""
+        pad = bucket - len(fi.input_ids)
         if pad == 0:
             return fi
         return ForwardInput(
@@ -338,6 +363,40 @@ class ModelRunner:
             fi.input_ids + [0] * pad,
             torch.cat([fi.positions, torch.zeros(pad, dtype=fi.positions.dtype)]),
         )
+
+    def _calibrate_step_cost(self, gr: DecodeGraphRunner) -> None:
+        """Speculation: time the compiled buckets and one request's decode and verify at a long context, and
+        pick the backend's fastest verify kernel (`StepCost.calibrate`); its scratch KV is freed after."""
+        k = self.args.speculative_num_draft_tokens
+        ctx = max(1, min(1024, self.context_len - k - 2, self.allocator.total_slots // 2))
+        row, slots = self.req_to_token_pool.alloc(), self.allocator.alloc(ctx + 1 + k)
+        try:
+            if row is None or slots is None:
+                return
+            self.req_to_token_pool.req_to_token[row, : ctx + 1 + k] = slots
+            empty = ForwardInput(ForwardMode.DECODE, [], [], [], [], torch.zeros(0, dtype=torch.int64))
+
+            def run_bucket(bs: int) -> float:
+                t0 = time.perf_counter()
+                self.forward_greedy(self._pad_decode(empty, bs))
+                return time.perf_counter() - t0
+
+            def probe(mode: ForwardMode, context: int, n: int) -> tuple[float, float]:
+                t0 = time.perf_counter()
+                self.forward_greedy(
+                    ForwardInput(mode, [row], [context], [n], [0] * n, torch.arange(context, context + n))
+                )
+                return time.perf_counter() - t0, gr.last_attention_s
+
+            b = self.backend
+            kernel = gr.cost.calibrate(run_bucket, probe, ctx, k, b.verify_kernels(), b.use_verify_kernel)
+            logger.info("speculative verify: attention kernel %s, %.2fx a decode's time per attention pair",
+                        kernel, gr.cost.verify_ratio)  # fmt: skip
+        finally:
+            if slots is not None:
+                self.allocator.free(slots)
+            if row is not None:
+                self.req_to_token_pool.free(row)
 
     def _run_padding_batch(self, bs: int) -> None:
         """A decode forward of ``bs`` padding rows (compiles that bucket; touches only slot 0)."""

@@ -94,11 +94,11 @@ _SPEC_COUNTERS = {
     ),
     "spec_skipped_cost_steps": (
         "spec_skipped_cost_steps",
-        "Decode steps not speculative: predicted accepted drafts would not pay for the verify",
+        "Decode steps not speculative: drafts found, but plain decoding predicted faster",
     ),
     "spec_backoff_req_steps": (
         "spec_backoff_req_steps",
-        "Request-steps whose draft was dropped for the request's low acceptance",
+        "Request-steps whose draft was left out of a verify step (its acceptance did not pay for its tokens)",
     ),
 }
 _SPEC_GAUGES = {
