@@ -11,14 +11,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from radixrt import Engine
 from radixrt.kernels.base import ForwardMode
+from radixrt.kernels.torch_native import TorchNativeBackend
+from radixrt.mem_cache.kv_pool import KVPool
 from radixrt.speculative.suffix_worker import SuffixSpeculator
-from radixrt.worker.model_runner import ForwardInput
+from radixrt.worker.model_runner import ForwardInput, ModelRunner
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
 from tests.test_speculative import GREEDY, assert_drafts_accepted_and_rejected, corrupted_truth, install
@@ -166,3 +170,59 @@ def test_warmup_measures_the_step_cost(tiny_llama: Path, engine_factory) -> None
     assert buckets == [1, 2, 4, 8, 16]  # --compile-max-bs 4: 1, 2, 4; verifies of 1, 2, 4 requests: 4, 8, 16
     assert sorted(base) == buckets and all(t > 0 for t in base.values())
     assert alpha is not None and alpha > 0 and ratio > 0 and kernel in kernels == ["decode", "sdpa"]
+
+
+# -- the backend's verify kernels against a float64 reference ----------------------------------------------
+def verify_metadata(prefix_lens: list[int], extend_lens: list[int], page_size: int) -> tuple[Any, int]:
+    """TARGET_VERIFY metadata as the model runner builds it, each request on fresh pages after page 0."""
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    rows = torch.zeros(len(seq) + 1, max(seq) + page_size, dtype=torch.int64)
+    start = 1
+    for b, n in enumerate(seq):
+        pages = -(-n // page_size)
+        rows[b, : pages * page_size] = torch.arange(start * page_size, (start + pages) * page_size)
+        start += pages
+    runner = SimpleNamespace(
+        args=SimpleNamespace(page_size=page_size), req_to_token_pool=SimpleNamespace(req_to_token=rows)
+    )
+    fi = ForwardInput(
+        ForwardMode.TARGET_VERIFY, list(range(len(seq))), prefix_lens, extend_lens, [], torch.zeros(0)
+    )
+    return ModelRunner.build_metadata(runner, fi), start * page_size  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("kernel", ["decode", "sdpa"])
+def test_verify_kernels_equal_causal_attention(kernel: str, page_size: int, window: int | None) -> None:
+    """Plain rows and drafted requests mixed in one verify: every new token attends causally over its request's
+    prefix and the new tokens before it (and itself), as float64 attention computed token by token."""
+    H, KVH, D = 6, 2, 16
+    prefix, extend = [30, 5, 64, 0, 17], [1, 4, 1, 3, 5]
+    md, num_slots = verify_metadata(prefix, extend, page_size)
+    g = torch.Generator().manual_seed(2)
+    pool = KVPool(num_slots, 1, KVH, D, torch.float32)
+    pool.set_kv(
+        0,
+        torch.arange(num_slots),
+        torch.randn(num_slots, KVH, D, generator=g),
+        torch.randn(num_slots, KVH, D, generator=g),
+    )
+    T = sum(extend)
+    q, k, v = (torch.randn(T, n, D, generator=g) for n in (H, KVH, KVH))
+    backend = TorchNativeBackend(pool, H, KVH, D, 0.25, window)
+    backend.use_verify_kernel(kernel)
+    backend.init_forward_metadata(md)
+    out = backend.forward(q, k, v, 0, md)
+    kb, vb = (t.double() for t in pool.get_kv_buffer(0))
+    t = 0
+    for b, (p, e) in enumerate(zip(prefix, extend, strict=True)):
+        for j in range(e):
+            n = p + j + 1
+            lo = max(0, n - window) if window else 0
+            slots = md.slot_table[b, lo:n]
+            for h in range(H):
+                kv_h = h // (H // KVH)
+                w = torch.softmax(0.25 * kb[slots, kv_h] @ q[t, h].double(), 0)
+                torch.testing.assert_close(out[t, h].double(), w @ vb[slots, kv_h], rtol=1e-5, atol=1e-5)
+            t += 1

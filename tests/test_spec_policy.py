@@ -31,7 +31,7 @@ from radixrt.speculative.suffix_worker import SuffixSpeculator
 from radixrt.speculative.worker import DecodeTarget, NgramSpeculator, Speculator
 from radixrt.worker.req import Req
 from radixrt.worker.stats import SchedulerStats
-from radixrt.worker.step_cost import StepCost
+from radixrt.worker.step_cost import StepCost, attention_pairs
 from tests.engine_fixtures import prompts_of
 
 
@@ -92,19 +92,24 @@ class FlatCost:
     def ready(self) -> bool:
         return True
 
-    def predict(self, mode: ForwardMode, tokens: int, pairs: int) -> float | None:
+    def predict(self, tokens: int, single: int, multi: int) -> float | None:
         return 1.0 if tokens <= self.max_tokens else None
 
 
 class LinearCost(FlatCost):
-    """A fixed part plus a part per token and per attention pair, bucketed like the compiled step."""
+    """A fixed part plus a part per token and per attention pair (a multi-token request's pairs at ``ratio``
+    times a single token's), bucketed like the compiled step."""
 
-    def __init__(self, fixed: float, per_token: float, per_pair: float, buckets: list[int]) -> None:
+    def __init__(
+        self, fixed: float, per_token: float, per_pair: float, buckets: list[int], ratio: float = 1.0
+    ) -> None:
         self.fixed, self.per_token, self.per_pair, self.buckets = fixed, per_token, per_pair, buckets
+        self.ratio = ratio
         self.max_tokens = buckets[-1]
 
-    def predict(self, mode: ForwardMode, tokens: int, pairs: int) -> float | None:
+    def predict(self, tokens: int, single: int, multi: int) -> float | None:
         b = next((b for b in self.buckets if b >= tokens), None)
+        pairs = single + self.ratio * multi
         return None if b is None else self.fixed + self.per_token * b + self.per_pair * pairs
 
 
@@ -112,9 +117,8 @@ def _rate(drafts: list[list[int]], probs: list[float], kv_lens: list[int], cost:
     """Expected tokens per second of a step verifying ``drafts`` (plain decoding: all empty)."""
     n = sum(len(d) for d in drafts)
     gain = sum(p**j for d, p in zip(drafts, probs, strict=True) for j in range(1, len(d) + 1))
-    pairs = sum((1 + len(d)) * (L + 1 + len(d)) for d, L in zip(drafts, kv_lens, strict=True))
-    mode = ForwardMode.TARGET_VERIFY if n else ForwardMode.DECODE
-    t = cost.predict(mode, len(drafts) + n, pairs)
+    single, multi = attention_pairs(kv_lens, [1 + len(d) for d in drafts])
+    t = cost.predict(len(drafts) + n, single, multi)
     assert t is not None
     return (len(drafts) + gain) / t
 
@@ -125,7 +129,8 @@ def test_measured_cost_picks_the_fastest_step() -> None:
     rng = random.Random(3)
     buckets = [1, 2, 4, 5, 8, 10, 16, 20, 40]
     for trial in range(200):
-        cost = LinearCost(rng.uniform(0, 1), rng.uniform(0.01, 0.3), rng.uniform(0, 1e-4), buckets)
+        ratio = rng.uniform(0.2, 1.5)
+        cost = LinearCost(rng.uniform(0, 1), rng.uniform(0.01, 0.3), rng.uniform(0, 1e-4), buckets, ratio)
         b = rng.randint(1, 4)
         rids = [f"r{trial}-{i}" for i in range(b)]
         pol = SpecPolicy(max_batch_size=8, verify_cost=None)
@@ -185,18 +190,19 @@ def test_step_cost_calibrates_then_follows_the_load() -> None:
         return 0.0, rate * n * (context + n)
 
     cost = StepCost([1, 2, 4, 5, 8])
-    assert not cost.ready() and cost.predict(ForwardMode.DECODE, 1, 10) is None
+    assert not cost.ready() and cost.predict(1, 10, 0) is None
     kernel = cost.calibrate(lambda b: 0.01 * b, probe, 1000, 4, ["slow", "fast"], used.append)
     assert kernel == "fast" and used[-1] == "fast" and cost.ready()
     assert cost.verify_ratio == pytest.approx(0.5)
-    assert cost.predict(ForwardMode.DECODE, 3, 1000) == pytest.approx(0.04 + 1e-3)
-    assert cost.predict(ForwardMode.TARGET_VERIFY, 5, 1000) == pytest.approx(0.05 + 0.5e-3)
-    assert cost.predict(ForwardMode.DECODE, 9, 1) is None  # no bucket: it would run eagerly
+    assert cost.predict(3, 1000, 0) == pytest.approx(0.04 + 1e-3)
+    assert cost.predict(5, 1000, 2000) == pytest.approx(0.05 + 1e-3 + 1e-3)
+    assert cost.predict(9, 1, 0) is None  # no bucket: it would run eagerly
     for _ in range(200):  # the machine got twice as slow, attention three times
-        cost.observe(ForwardMode.DECODE, 4, 4000, 2 * 0.04 + 12e-3, 12e-3)
-        cost.observe(ForwardMode.TARGET_VERIFY, 8, 8000, 2 * 0.08 + 12e-3, 12e-3)
-    assert cost.predict(ForwardMode.DECODE, 2, 1000) == pytest.approx(2 * 0.02 + 3e-3, rel=1e-3)
-    assert cost.predict(ForwardMode.TARGET_VERIFY, 5, 1000) == pytest.approx(2 * 0.05 + 1.5e-3, rel=1e-3)
+        cost.observe(4, 4000, 0, 2 * 0.04 + 12e-3, 12e-3)
+        cost.observe(8, 2000, 4000, 2 * 0.08 + 12e-3, 12e-3)  # single 6 ms, so multi 6 ms: ratio 0.5
+    assert cost.predict(2, 1000, 0) == pytest.approx(2 * 0.02 + 3e-3, rel=1e-3)
+    assert cost.predict(5, 0, 1000) == pytest.approx(2 * 0.05 + 1.5e-3, rel=1e-3)
+    assert attention_pairs([10, 20, 30], [1, 3, 1]) == (11 + 31, 3 * 23)
 
 
 # -- the engine under concurrency ----------------------------------------------------------------------------

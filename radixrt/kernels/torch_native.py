@@ -98,39 +98,74 @@ class TorchNativeBackend(AttentionBackend):
         # The C decode kernel's slot table and lengths (None: another path): for a decode batch md's own,
         # for a short extend one row per new token (below).
         self._token_table: torch.Tensor | None = None
+        self._split: tuple[torch.Tensor, torch.Tensor] | None = None
         self._extend_kernel = self.use_extend_kernel and md.max_extend_len > SMALL_EXTEND
         if self._extend_kernel:
             return  # the C kernel reads md's slot table, qo_indptr and seq_lens as they are
         if self.use_decode_kernel and md.max_extend_len == 1 and int(md.qo_indptr[-1]) == md.batch_size:
             self._token_table, self._token_lens = md.slot_table, md.seq_lens  # no mask or gather tables
             return
-        if (
-            self.use_decode_kernel
-            and 1 < md.max_extend_len <= SMALL_EXTEND
-            and not (md.mode == ForwardMode.TARGET_VERIFY and self.verify_kernel == "sdpa")
-        ):
+        short = self.use_decode_kernel and 1 < md.max_extend_len <= SMALL_EXTEND
+        extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
+        if short and md.mode == ForwardMode.TARGET_VERIFY and self.verify_kernel == "sdpa":
+            # A verify: its single-token requests (plain rows) through the C decode kernel, the drafted ones
+            # through gather + SDPA, each request's K/V gathered once for all its new tokens.
+            multi = extend_lens > 1
+            tok_multi = torch.repeat_interleave(multi, extend_lens)
+            self._split = (torch.nonzero(~tok_multi).flatten(), torch.nonzero(tok_multi).flatten())
+            self._token_table, self._token_lens = md.slot_table[~multi], md.seq_lens[~multi]
+            sub_lens = extend_lens[multi]
+            sub_indptr = torch.zeros(
+                int(multi.sum()) + 1, dtype=md.qo_indptr.dtype, device=md.qo_indptr.device
+            )
+            sub_indptr[1:] = torch.cumsum(sub_lens, 0)
+            seq = md.seq_lens[multi]
+            self._plan_reference(
+                seq,
+                md.prefix_lens[multi],
+                md.slot_table[multi],
+                sub_indptr,
+                md.max_extend_len,
+                int(seq.max()),
+            )
+            return
+        if short:
             # A short extend (speculative verify, jump-forward, a small chunk) is one decode query per new
             # token: token t of request r attends over r's first prefix_len + j + 1 slots (causal).
-            extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
             req = torch.repeat_interleave(torch.arange(md.batch_size), extend_lens)
             j = torch.arange(int(md.qo_indptr[-1])) - md.qo_indptr[:-1][req]
             self._token_table = md.slot_table[req]
             self._token_lens = md.prefix_lens[req] + j + 1
             return
-        dev = md.seq_lens.device
-        kv_pos = torch.arange(md.max_seq_len, device=dev)
-        kv_ok = kv_pos[None, :] < md.seq_lens[:, None]
+        self._plan_reference(
+            md.seq_lens, md.prefix_lens, md.slot_table, md.qo_indptr, md.max_extend_len, md.max_seq_len
+        )
+
+    def _plan_reference(
+        self,
+        seq_lens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        slot_table: torch.Tensor,
+        qo_indptr: torch.Tensor,
+        max_extend_len: int,
+        max_seq_len: int,
+    ) -> None:
+        """The gather + SDPA path's tables and mask for these requests."""
+        dev = seq_lens.device
+        kv_pos = torch.arange(max_seq_len, device=dev)
+        kv_ok = kv_pos[None, :] < seq_lens[:, None]
         # Padding positions read slot 0 (the reserved padding target); the mask hides them.
-        self._slot_table = torch.where(kv_ok, md.slot_table, 0)
+        self._slot_table = torch.where(kv_ok, slot_table[:, :max_seq_len], 0)
         # Query table [B, max_extend_len] of flat token indices.
-        extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
-        q_pos = torch.arange(md.max_extend_len, device=dev)
+        extend_lens = qo_indptr[1:] - qo_indptr[:-1]
+        q_pos = torch.arange(max_extend_len, device=dev)
         self._q_valid = q_pos[None, :] < extend_lens[:, None]
-        self._q_index = torch.where(self._q_valid, md.qo_indptr[:-1, None] + q_pos[None, :], 0)
-        if md.max_extend_len == 1 and self.sliding_window is None:
+        self._q_index = torch.where(self._q_valid, qo_indptr[:-1, None] + q_pos[None, :], 0)
+        self._ref_shape = (int(seq_lens.shape[0]), max_extend_len)
+        if max_extend_len == 1 and self.sliding_window is None:
             self._mask = kv_ok[:, None, None, :]
             return
-        abs_q = md.prefix_lens[:, None] + q_pos[None, :]  # [B, Q] absolute position of each query
+        abs_q = prefix_lens[:, None] + q_pos[None, :]  # [B, Q] absolute position of each query
         mask = kv_ok[:, None, :] & (kv_pos[None, None, :] <= abs_q[:, :, None])
         if self.sliding_window is not None:
             mask &= kv_pos[None, None, :] > abs_q[:, :, None] - self.sliding_window
@@ -145,6 +180,16 @@ class TorchNativeBackend(AttentionBackend):
         k_buf, v_buf = self.kv.get_kv_buffer(layer_id)
         scales = self.scaled_kv.kv_scales(layer_id) if self.scaled_kv is not None else None
         ks, vs = (None, None) if scales is None else scales
+        if self._split is not None:
+            single, multi = self._split
+            out = torch.empty_like(q)
+            if single.numel() and self._token_table is not None:
+                out[single] = cpu_decode.paged_decode_attention(
+                    q[single], k_buf, v_buf, self._token_table, self._token_lens, self.scale,
+                    self.sliding_window, k_scale=ks, v_scale=vs,
+                )  # fmt: skip
+            out[multi] = self._reference(q[multi], k_buf, v_buf, ks, vs)
+            return out
         if self._token_table is not None:
             return cpu_decode.paged_decode_attention(
                 q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window,
@@ -163,14 +208,24 @@ class TorchNativeBackend(AttentionBackend):
                 k_scale=ks,
                 v_scale=vs,
             )
+        return self._reference(q, k_buf, v_buf, ks, vs)
+
+    def _reference(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        ks: torch.Tensor | None,
+        vs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Gather + SDPA over the requests `_plan_reference` planned; ``q`` holds exactly their new tokens."""
+        batch, max_extend_len = self._ref_shape
         keys = k_buf[self._slot_table].transpose(1, 2)  # [B, KVH, L, D]
         values = v_buf[self._slot_table].transpose(1, 2)
         if self.kv_fp8:
             keys, values = self._widen(keys, values, ks, vs, q.dtype)
-        if md.max_extend_len == 1:
-            queries = (
-                q[:, :, None, :] if q.shape[0] == md.batch_size else q[self._q_index[:, 0]][:, :, None, :]
-            )
+        if max_extend_len == 1:
+            queries = q[:, :, None, :] if q.shape[0] == batch else q[self._q_index[:, 0]][:, :, None, :]
         else:
             queries = q[self._q_index].transpose(1, 2)  # [B, H, Q, D]
         out = F.scaled_dot_product_attention(
@@ -181,7 +236,7 @@ class TorchNativeBackend(AttentionBackend):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        if md.max_extend_len == 1 and q.shape[0] == md.batch_size:
+        if max_extend_len == 1 and q.shape[0] == batch:
             return out[:, :, 0, :]
         return out.transpose(1, 2)[self._q_valid]
 

@@ -30,8 +30,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from radixrt.kernels.base import ForwardMode
-
 PRIOR_P = 0.6  # per-token acceptance assumed before anything was verified
 PRIOR_WEIGHT = 2.0  # observations a prior is worth
 DECAY = 0.8  # weight of a request's history at each new verify of it
@@ -57,7 +55,7 @@ class Cost(Protocol):
 
     def ready(self) -> bool: ...
 
-    def predict(self, mode: ForwardMode, tokens: int, pairs: int) -> float | None: ...
+    def predict(self, tokens: int, single: int, multi: int) -> float | None: ...
 
 
 class SpecPolicy:
@@ -127,28 +125,30 @@ class SpecPolicy:
         largest bucket, and keep the best of these steps if it beats plain decoding by `MARGIN`. (Adding
         goes on past a worse step: the tokens of a bucket past its first cost nothing more.)"""
         b = len(kv_lens)
-        pairs = sum(L + 1 for L in kv_lens)
-        plain = cost.predict(ForwardMode.DECODE, b, pairs)
+        single, multi = sum(L + 1 for L in kv_lens), 0  # attention work (`StepCost`)
+        plain = cost.predict(b, single, multi)
         if plain is None or plain <= 0:
             return [0] * b
         taken, best, best_rate = [0] * b, [0] * b, b / plain * (1.0 + MARGIN)
         gain = 0.0
         for n in range(1, min(sum(map(len, drafts)), cost.max_tokens - b) + 1):
-            pick: tuple[float, float, int, int] | None = None  # (rate, gain, -index, pairs)
+            pick: tuple[float, float, int, int, int] | None = None  # (rate, gain, -index, single, multi)
             for i, (p, L, d) in enumerate(zip(probs, kv_lens, drafts, strict=True)):
                 k = taken[i]
                 if k == len(d):
                     continue
                 g = p ** (k + 1)
-                more = pairs + (k + 2) * (L + k + 2) - (k + 1) * (L + k + 1)
-                t = cost.predict(ForwardMode.TARGET_VERIFY, b + n, more)
+                s1, m1 = (
+                    (single - (L + 1), multi + 2 * (L + 2)) if k == 0 else (single, multi + L + 2 * k + 3)
+                )
+                t = cost.predict(b + n, s1, m1)
                 if t is None or t <= 0:
                     return best
-                cand = ((b + gain + g) / t, g, -i, more)
+                cand = ((b + gain + g) / t, g, -i, s1, m1)
                 if pick is None or cand[:3] > pick[:3]:
                     pick = cand
             assert pick is not None
-            rate, g, neg_i, pairs = pick
+            rate, g, neg_i, single, multi = pick
             taken[-neg_i] += 1
             gain += g
             if rate > best_rate:

@@ -316,7 +316,7 @@ class ModelRunner:
         bs = len(fi.input_ids)  # new tokens: one per request in a decode
         bucket = self._bucket(fi.mode, bs)
         if bucket is not None:
-            pairs = attention_pairs(fi.prefix_lens, fi.extend_lens)
+            single, multi = attention_pairs(fi.prefix_lens, fi.extend_lens)
             fi = self._pad_decode(fi, bucket)
         md = self.build_metadata(fi)
         ids = torch.tensor(fi.input_ids, dtype=torch.int64)
@@ -333,7 +333,7 @@ class ModelRunner:
         gr = self.graph_runner
         if gr is not None and bucket is not None:
             out = (gr.forward_greedy if greedy else gr.forward)(ids, positions, md)[:bs]
-            gr.cost.observe(fi.mode, bucket, pairs, time.perf_counter() - t0, gr.last_attention_s)
+            gr.cost.observe(bucket, single, multi, time.perf_counter() - t0, gr.last_attention_s)
             return out
         hidden = self.model(ids, positions, self.backend, md)
         return torch.argmax(self.logits(hidden), dim=-1) if greedy else hidden

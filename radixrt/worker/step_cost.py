@@ -3,16 +3,18 @@ turns a decode step of B tokens into a verify step of B + n (``radixrt.speculati
 
 A compiled forward of ``tokens`` new tokens runs in the smallest bucket that holds them, so its time is
 
-    seconds = scale * base[bucket] + alpha[mode] * pairs
+    seconds = scale * base[bucket] + alpha * (single + ratio * multi)
 
 - ``base[bucket]``: the bucket's time at warm-up, where every row is a padding row at position 0: the
   weights, the fused layers and the step's fixed work, with next to no attention;
-- ``pairs``: the attention work, over requests the new tokens times the positions they attend (a decode
-  row at context L: L + 1; a verify of k + 1 tokens after L: about (k + 1) (L + k + 1));
-- ``scale`` and ``alpha``: learned from every compiled forward (moving averages). The attention op times
-  its own calls, so each forward splits into attention seconds (``alpha = attention / pairs``) and the rest
-  (``scale = rest / base[bucket]``, which follows the machine's load); ``alpha`` of a verify is kept as a
-  ratio to a decode's, since a backend may run a request's several new tokens through another kernel.
+- ``single``, ``multi``: the attention work in query-key pairs, over requests their new tokens times the
+  positions the last one attends, for requests with one new token (a decode row at context L: L + 1) and
+  for those with several (a verify of k + 1 tokens after L: (k + 1) (L + k + 1)), whose attention a backend
+  may run through another kernel (``ratio``: its seconds per pair over a decode's);
+- ``scale``, ``alpha`` and ``ratio``: measured at warm-up (`calibrate`), then learned from every compiled
+  forward (moving averages). The attention op times its own calls, so each forward splits into attention
+  seconds (``alpha`` from forwards without multi-token requests, then ``ratio`` from the others) and the
+  rest (``scale = rest / base[bucket]``, which follows the machine's load).
 
 Why measured: on a 2-core CPU a bucket of 40 rows costs about what 40 single rows do (the GEMMs are
 compute-bound) and attention at a 1.6k-token context is half a decode step, while on a GPU both are nearly
@@ -33,9 +35,16 @@ EMA_WEIGHT = 0.1  # weight of the newest forward in the moving averages
 Probe = Callable[[ForwardMode, int, int], tuple[float, float]]
 
 
-def attention_pairs(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> int:
-    """Attention work of a batch: per request, new tokens x the positions the last of them attends."""
-    return sum(e * (p + e) for p, e in zip(prefix_lens, extend_lens, strict=True))
+def attention_pairs(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> tuple[int, int]:
+    """Attention work of a batch (single, multi): per request, new tokens x the positions the last of them
+    attends, summed over the requests with one new token and over those with several."""
+    single = multi = 0
+    for p, e in zip(prefix_lens, extend_lens, strict=True):
+        if e == 1:
+            single += p + 1
+        else:
+            multi += e * (p + e)
+    return single, multi
 
 
 class StepCost:
@@ -95,29 +104,25 @@ class StepCost:
         """Whether predictions are measured: buckets timed and at least one decode's attention seen."""
         return len(self.base) == len(self.buckets) and self.alpha_decode is not None
 
-    def alpha(self, mode: ForwardMode) -> float:
-        a = self.alpha_decode or 0.0
-        return a * self.verify_ratio if mode == ForwardMode.TARGET_VERIFY else a
-
-    def predict(self, mode: ForwardMode, tokens: int, pairs: int) -> float | None:
-        """Seconds of a forward of ``tokens`` new tokens and ``pairs`` attention work; None when no bucket
-        holds it (it would run eagerly) or before calibration."""
+    def predict(self, tokens: int, single: int, multi: int) -> float | None:
+        """Seconds of a forward of ``tokens`` new tokens with this attention work; None when no bucket holds
+        it (it would run eagerly) or before calibration."""
         b = self.bucket(tokens)
         if b is None or b not in self.base:
             return None
-        return self.scale * self.base[b] + self.alpha(mode) * pairs
+        return self.scale * self.base[b] + (self.alpha_decode or 0.0) * (single + self.verify_ratio * multi)
 
-    def observe(self, mode: ForwardMode, bucket: int, pairs: int, seconds: float, attention: float) -> None:
+    def observe(self, bucket: int, single: int, multi: int, seconds: float, attention: float) -> None:
         """A compiled forward of ``bucket`` tokens took ``seconds``, ``attention`` of them in attention."""
         base = self.base.get(bucket)
-        if base is None or base <= 0 or pairs <= 0:
+        if base is None or base <= 0:
             return
         rest = max(seconds - attention, 0.0)
         self.scale += EMA_WEIGHT * (rest / base - self.scale)
-        per_pair = attention / pairs
-        if mode == ForwardMode.DECODE:
-            a = self.alpha_decode
+        a = self.alpha_decode
+        if multi == 0 and single > 0:
+            per_pair = attention / single
             self.alpha_decode = per_pair if a is None else a + EMA_WEIGHT * (per_pair - a)
-        elif mode == ForwardMode.TARGET_VERIFY and self.alpha_decode:
-            ratio = per_pair / self.alpha_decode
+        elif multi > 0 and a:
+            ratio = max(attention - a * single, 0.0) / (a * multi)
             self.verify_ratio += EMA_WEIGHT * (ratio - self.verify_ratio)
