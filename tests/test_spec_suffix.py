@@ -136,3 +136,14 @@ def test_namespaces_never_share_drafts() -> None:
     # the other namespace's context (its tokens) finds nothing in this one
     alpha = cache.trie("alpha")
     assert alpha is not None and alpha.draft(served["beta"][-1], 5, 4, 0.0) == ([], 0.0)
+
+
+def test_growing_sequence_indexed_from_start() -> None:
+    """``SuffixTrie(depth, start)``: a request's own trie skips the prompt before its window (issue 23)."""
+    seq = [5, 6, 7, 8, 1, 2, 3, 9, 1, 2]
+    whole, windowed = SuffixTrie(6), SuffixTrie(6, start=4)
+    whole.grow(seq)
+    windowed.grow(seq)
+    assert whole.find([6, 7]) is not None and windowed.find([6, 7]) is None
+    assert windowed.find([1, 2, 3]) is not None and windowed.draft(seq, 4, 2, 0.0)[0] == [3, 9]
+    assert windowed.nodes < whole.nodes

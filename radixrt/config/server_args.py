@@ -373,6 +373,12 @@ class ServerArgs:
         "SUFFIX: a draft grows while the product of its tokens' empirical continuation probabilities is "
         "at least this.",
     )
+    speculative_suffix_prompt_window: int = arg(
+        512,
+        "SUFFIX: the last this many prompt tokens enter the request's own trie (indexing costs depth dict "
+        "operations a token in Python: ~25 ms for 1.7k tokens, paid at the request's first decode step); "
+        "what came before is drafted from the global index only.",
+    )
     speculative_suffix_cache_tokens: int = arg(
         65536,
         "SUFFIX: tokens of finished requests (prompt + output) the global suffix index holds, LRU; each "

@@ -15,6 +15,7 @@ class SpeculativeArgs(Protocol):
     speculative_suffix_max_depth: int
     speculative_suffix_min_prob: float
     speculative_suffix_cache_tokens: int
+    speculative_suffix_prompt_window: int
 
 
 def check_speculative(args: SpeculativeArgs) -> None:
@@ -26,6 +27,7 @@ def check_speculative(args: SpeculativeArgs) -> None:
         "speculative_verify_cost": 1,
         "speculative_suffix_max_depth": 2,
         "speculative_suffix_cache_tokens": 1,
+        "speculative_suffix_prompt_window": 0,
     }
     for name, low in at_least.items():
         value = getattr(args, name)

@@ -29,14 +29,15 @@ class _Node:
 class SuffixTrie:
     """Counts of every substring of length ``<= depth`` of the sequences added (see the module doc)."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, start: int = 0) -> None:
+        """``start``: a growing sequence (``grow``) is indexed from that position on."""
         if depth < 2:
             raise ValueError(f"depth must be >= 2, got {depth}")
         self.depth = depth
         self.root = _Node()
         self.nodes = 0  # nodes below the root
         self._open: list[_Node] = []  # growing sequence: paths of its last depth-1 starts, newest first
-        self._grown = 0  # tokens of the growing sequence added
+        self._grown = max(start, 0)  # tokens of the growing sequence added (or skipped)
 
     # -- building ------------------------------------------------------------------------------------------
     def _feed(self, open_paths: list[_Node], tok: int) -> list[_Node]:
