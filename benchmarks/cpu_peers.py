@@ -43,6 +43,7 @@ HEADERS = {
 }
 RADIX = "radixrt (defaults)"
 RADIX_INT8 = "radixrt --dense-gemm-int8"
+RADIX_TORCH = "radixrt --int4-kernel torch"
 SETTLE_S = 0.5  # OpenMP / TBB workers spin ~200 ms after their last parallel region
 OPENVINO_SETUP = "pip install openvino-genai==2026.4.1"
 LLAMA_CPP_SETUP = "pip install llama-cpp-python==0.3.36"
@@ -221,7 +222,8 @@ def missing(module: str, setup: str) -> str | None:
 def build_peers(
     gguf: Path, threads: int, names: list[str], log: Callable[[str], None] = print
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The peers of ``names`` (radixrt, radixrt-int8, openvino, openvino-llm, llama.cpp) that can run here; and
+    """The peers of ``names`` (radixrt, radixrt-int8, radixrt-torch (torch's weight-only kernels: in float32 the
+    dense weights), openvino, openvino-llm, llama.cpp) that can run here; and
     ``{"skipped": {name: why}, "startup_s": {system: seconds}}``. radixrt loads the embedded model
     through its default path when ``gguf`` is that file (the same file either way)."""
     from radixrt.models.embedded import embedded_gguf_path
@@ -232,6 +234,12 @@ def build_peers(
             None,
             lambda: RadixPeer(
                 None if gguf == embedded_gguf_path() else gguf, name=RADIX_INT8, dense_gemm_int8=True
+            ),
+        ),
+        "radixrt-torch": (
+            None,
+            lambda: RadixPeer(
+                None if gguf == embedded_gguf_path() else gguf, name=RADIX_TORCH, int4_kernel="torch"
             ),
         ),
         "openvino": (missing("openvino_genai", OPENVINO_SETUP), lambda: OpenVINOPeer(gguf, threads)),

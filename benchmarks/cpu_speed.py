@@ -245,7 +245,7 @@ def main() -> None:
     p.add_argument(
         "--peers",
         default="radixrt,openvino,openvino-llm,llama.cpp",
-        help="systems of the peer comparison (radixrt, radixrt-int8, openvino, openvino-llm, llama.cpp)",
+        help="systems of the peer comparison (radixrt, radixrt-int8, radixrt-torch, openvino, openvino-llm, llama.cpp)",
     )
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of the peer comparison")
     p.add_argument(
