@@ -160,16 +160,16 @@ def test_warmup_measures_the_step_cost(tiny_llama: Path, engine_factory) -> None
         return (
             s.runner.graph_runner.buckets,
             c.base,
-            c.alpha_decode,
-            c.verify_ratio,
+            c.alpha,
+            c.per_position + c.per_pair,
             b.verify_kernel,
             b.verify_kernels(),
         )
 
-    buckets, base, alpha, ratio, kernel, kernels = eng.worker.call(read)
+    buckets, base, alpha, verify, kernel, kernels = eng.worker.call(read)
     assert buckets == [1, 2, 4, 8, 16]  # --compile-max-bs 4: 1, 2, 4; verifies of 1, 2, 4 requests: 4, 8, 16
     assert sorted(base) == buckets and all(t > 0 for t in base.values())
-    assert alpha is not None and alpha > 0 and ratio > 0 and kernel in kernels == ["decode", "sdpa"]
+    assert alpha is not None and alpha > 0 and verify > 0 and kernel in kernels == ["decode", "sdpa"]
 
 
 # -- the backend's verify kernels against a float64 reference ----------------------------------------------

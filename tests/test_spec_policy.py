@@ -31,7 +31,7 @@ from radixrt.speculative.suffix_worker import SuffixSpeculator
 from radixrt.speculative.worker import DecodeTarget, NgramSpeculator, Speculator
 from radixrt.worker.req import Req
 from radixrt.worker.stats import SchedulerStats
-from radixrt.worker.step_cost import StepCost, attention_pairs
+from radixrt.worker.step_cost import StepCost, Work, attention_work, fit_rates
 from tests.engine_fixtures import prompts_of
 
 
@@ -92,33 +92,38 @@ class FlatCost:
     def ready(self) -> bool:
         return True
 
-    def predict(self, tokens: int, single: int, multi: int) -> float | None:
+    def predict(self, tokens: int, work: Work) -> float | None:
         return 1.0 if tokens <= self.max_tokens else None
 
 
 class LinearCost(FlatCost):
-    """A fixed part plus a part per token and per attention pair (a multi-token request's pairs at ``ratio``
-    times a single token's), bucketed like the compiled step."""
+    """A fixed part plus a part per token and per attention position or pair (a multi-token request's pairs at
+    ``ratio`` times a single token's, its positions at ``gather``), bucketed like the compiled step."""
 
     def __init__(
-        self, fixed: float, per_token: float, per_pair: float, buckets: list[int], ratio: float = 1.0
+        self,
+        fixed: float,
+        per_token: float,
+        per_pair: float,
+        buckets: list[int],
+        ratio: float = 1.0,
+        gather: float = 0.0,
     ) -> None:
         self.fixed, self.per_token, self.per_pair, self.buckets = fixed, per_token, per_pair, buckets
-        self.ratio = ratio
+        self.ratio, self.gather = ratio, gather
         self.max_tokens = buckets[-1]
 
-    def predict(self, tokens: int, single: int, multi: int) -> float | None:
+    def predict(self, tokens: int, work: Work) -> float | None:
         b = next((b for b in self.buckets if b >= tokens), None)
-        pairs = single + self.ratio * multi
-        return None if b is None else self.fixed + self.per_token * b + self.per_pair * pairs
+        attention = self.per_pair * (work.single + self.ratio * work.pairs + self.gather * work.positions)
+        return None if b is None else self.fixed + self.per_token * b + attention
 
 
 def _rate(drafts: list[list[int]], probs: list[float], kv_lens: list[int], cost: LinearCost) -> float:
     """Expected tokens per second of a step verifying ``drafts`` (plain decoding: all empty)."""
     n = sum(len(d) for d in drafts)
     gain = sum(p**j for d, p in zip(drafts, probs, strict=True) for j in range(1, len(d) + 1))
-    single, multi = attention_pairs(kv_lens, [1 + len(d) for d in drafts])
-    t = cost.predict(len(drafts) + n, single, multi)
+    t = cost.predict(len(drafts) + n, attention_work(kv_lens, [1 + len(d) for d in drafts]))
     assert t is not None
     return (len(drafts) + gain) / t
 
@@ -130,7 +135,10 @@ def test_measured_cost_picks_the_fastest_step() -> None:
     buckets = [1, 2, 4, 5, 8, 10, 16, 20, 40]
     for trial in range(200):
         ratio = rng.uniform(0.2, 1.5)
-        cost = LinearCost(rng.uniform(0, 1), rng.uniform(0.01, 0.3), rng.uniform(0, 1e-4), buckets, ratio)
+        gather = rng.choice([0.0, rng.uniform(0, 3)])
+        cost = LinearCost(
+            rng.uniform(0, 1), rng.uniform(0.01, 0.3), rng.uniform(0, 1e-4), buckets, ratio, gather
+        )
         b = rng.randint(1, 4)
         rids = [f"r{trial}-{i}" for i in range(b)]
         pol = SpecPolicy(max_batch_size=8, verify_cost=None)
@@ -180,29 +188,35 @@ def test_measured_cost_follows_batch_and_context() -> None:
 
 
 def test_step_cost_calibrates_then_follows_the_load() -> None:
-    """Warm-up: buckets timed, attention per pair from one decode and one verify per kernel, the faster verify
-    kernel kept; afterwards every forward moves the scale (the machine's load) and the attention rates."""
-    per_pair = {"slow": 2e-6, "fast": 0.5e-6}
+    """Warm-up: buckets timed, a decode's attention per position, each verify kernel's rates per position and
+    per pair from verifies of 2 and 5 tokens, the kernel faster at a full draft kept; afterwards every forward
+    moves the scale (the machine's load) and the attention rates."""
+    rates = {"slow": (0.0, 2e-6), "gather": (1e-6, 0.25e-6)}  # (per position, per pair)
     used: list[str] = []
 
     def probe(mode: ForwardMode, context: int, n: int) -> tuple[float, float]:
-        rate = per_pair[used[-1]] if mode == ForwardMode.TARGET_VERIFY else 1e-6
-        return 0.0, rate * n * (context + n)
+        if mode == ForwardMode.DECODE:
+            return 0.0, 1e-6 * (context + 1)
+        pos, pair = rates[used[-1]]
+        return 0.0, pos * (context + n) + pair * n * (context + n)
 
     cost = StepCost([1, 2, 4, 5, 8])
-    assert not cost.ready() and cost.predict(1, 10, 0) is None
-    kernel = cost.calibrate(lambda b: 0.01 * b, probe, 1000, 4, ["slow", "fast"], used.append)
-    assert kernel == "fast" and used[-1] == "fast" and cost.ready()
-    assert cost.verify_ratio == pytest.approx(0.5)
-    assert cost.predict(3, 1000, 0) == pytest.approx(0.04 + 1e-3)
-    assert cost.predict(5, 1000, 2000) == pytest.approx(0.05 + 1e-3 + 1e-3)
-    assert cost.predict(9, 1, 0) is None  # no bucket: it would run eagerly
+    assert not cost.ready() and cost.predict(1, Work(10, 0, 0)) is None
+    kernel = cost.calibrate(lambda b: 0.01 * b, probe, 1000, 4, ["slow", "gather"], used.append)
+    assert kernel == "gather" and used[-1] == "gather" and cost.ready()
+    assert cost.per_position == pytest.approx(1e-6) and cost.per_pair == pytest.approx(0.25e-6)
+    assert cost.predict(3, Work(1000, 0, 0)) == pytest.approx(0.04 + 1e-3)
+    assert cost.predict(5, Work(0, 1000, 4000)) == pytest.approx(0.05 + 1e-3 + 1e-3)
+    assert cost.predict(9, Work(1, 0, 0)) is None  # no bucket: it would run eagerly
     for _ in range(200):  # the machine got twice as slow, attention three times
-        cost.observe(4, 4000, 0, 2 * 0.04 + 12e-3, 12e-3)
-        cost.observe(8, 2000, 4000, 2 * 0.08 + 12e-3, 12e-3)  # single 6 ms, so multi 6 ms: ratio 0.5
-    assert cost.predict(2, 1000, 0) == pytest.approx(2 * 0.02 + 3e-3, rel=1e-3)
-    assert cost.predict(5, 0, 1000) == pytest.approx(2 * 0.05 + 1.5e-3, rel=1e-3)
-    assert attention_pairs([10, 20, 30], [1, 3, 1]) == (11 + 31, 3 * 23)
+        cost.observe(4, Work(4000, 0, 0), 2 * 0.04 + 12e-3, 12e-3)
+        cost.observe(8, Work(2000, 1000, 4000), 2 * 0.08 + 12e-3, 12e-3)  # 6 ms single, 6 ms multi
+    assert cost.predict(2, Work(1000, 0, 0)) == pytest.approx(2 * 0.02 + 3e-3, rel=1e-3)
+    assert cost.predict(5, Work(0, 1000, 4000)) == pytest.approx(2 * 0.05 + 6e-3, rel=1e-3)
+    assert attention_work([10, 20, 30], [1, 3, 1]) == Work(11 + 31, 23, 3 * 23)
+    assert Work(11, 0, 0).add_token(10, 1) == attention_work([10], [2])
+    assert attention_work([10], [3]).add_token(10, 3) == attention_work([10], [4])
+    assert fit_rates(100, 0.0, 2, 1.0) == (0.0, 1.0 / 204)  # a draft of 1: pairs only
 
 
 # -- the engine under concurrency ----------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from radixrt.worker.step_cost import Work
+
 PRIOR_P = 0.6  # per-token acceptance assumed before anything was verified
 PRIOR_WEIGHT = 2.0  # observations a prior is worth
 DECAY = 0.8  # weight of a request's history at each new verify of it
@@ -55,7 +57,7 @@ class Cost(Protocol):
 
     def ready(self) -> bool: ...
 
-    def predict(self, tokens: int, single: int, multi: int) -> float | None: ...
+    def predict(self, tokens: int, work: Work) -> float | None: ...
 
 
 class SpecPolicy:
@@ -125,30 +127,28 @@ class SpecPolicy:
         largest bucket, and keep the best of these steps if it beats plain decoding by `MARGIN`. (Adding
         goes on past a worse step: the tokens of a bucket past its first cost nothing more.)"""
         b = len(kv_lens)
-        single, multi = sum(L + 1 for L in kv_lens), 0  # attention work (`StepCost`)
-        plain = cost.predict(b, single, multi)
+        work = Work(sum(L + 1 for L in kv_lens), 0, 0)
+        plain = cost.predict(b, work)
         if plain is None or plain <= 0:
             return [0] * b
         taken, best, best_rate = [0] * b, [0] * b, b / plain * (1.0 + MARGIN)
         gain = 0.0
         for n in range(1, min(sum(map(len, drafts)), cost.max_tokens - b) + 1):
-            pick: tuple[float, float, int, int, int] | None = None  # (rate, gain, -index, single, multi)
+            pick: tuple[float, float, int, Work] | None = None  # (rate, gain, -index, work)
             for i, (p, L, d) in enumerate(zip(probs, kv_lens, drafts, strict=True)):
                 k = taken[i]
                 if k == len(d):
                     continue
                 g = p ** (k + 1)
-                s1, m1 = (
-                    (single - (L + 1), multi + 2 * (L + 2)) if k == 0 else (single, multi + L + 2 * k + 3)
-                )
-                t = cost.predict(b + n, s1, m1)
+                more = work.add_token(L, k + 1)
+                t = cost.predict(b + n, more)
                 if t is None or t <= 0:
                     return best
-                cand = ((b + gain + g) / t, g, -i, s1, m1)
+                cand = ((b + gain + g) / t, g, -i, more)
                 if pick is None or cand[:3] > pick[:3]:
                     pick = cand
             assert pick is not None
-            rate, g, neg_i, single, multi = pick
+            rate, g, neg_i, work = pick
             taken[-neg_i] += 1
             gain += g
             if rate > best_rate:

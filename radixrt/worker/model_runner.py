@@ -27,7 +27,7 @@ from radixrt.models.quantize import apply_quantization, resolve_quantization
 from radixrt.worker.cuda_graph_runner import CudaGraphRunner
 from radixrt.worker.device import kv_budget_bytes, resolve_attention_backend, resolve_device, resolve_dtype
 from radixrt.worker.graph_runner import DecodeGraphRunner, verify_buckets
-from radixrt.worker.step_cost import attention_pairs
+from radixrt.worker.step_cost import attention_work
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class ModelRunner:
         bs = len(fi.input_ids)  # new tokens: one per request in a decode
         bucket = self._bucket(fi.mode, bs)
         if bucket is not None:
-            single, multi = attention_pairs(fi.prefix_lens, fi.extend_lens)
+            work = attention_work(fi.prefix_lens, fi.extend_lens)
             fi = self._pad_decode(fi, bucket)
         md = self.build_metadata(fi)
         ids = torch.tensor(fi.input_ids, dtype=torch.int64)
@@ -333,7 +333,7 @@ class ModelRunner:
         gr = self.graph_runner
         if gr is not None and bucket is not None:
             out = (gr.forward_greedy if greedy else gr.forward)(ids, positions, md)[:bs]
-            gr.cost.observe(bucket, single, multi, time.perf_counter() - t0, gr.last_attention_s)
+            gr.cost.observe(bucket, work, time.perf_counter() - t0, gr.last_attention_s)
             return out
         hidden = self.model(ids, positions, self.backend, md)
         return torch.argmax(self.logits(hidden), dim=-1) if greedy else hidden
@@ -390,8 +390,10 @@ class ModelRunner:
 
             b = self.backend
             kernel = gr.cost.calibrate(run_bucket, probe, ctx, k, b.verify_kernels(), b.use_verify_kernel)
-            logger.info("speculative verify: attention kernel %s, %.2fx a decode's time per attention pair",
-                        kernel, gr.cost.verify_ratio)  # fmt: skip
+            c = gr.cost
+            logger.info("speculative verify: attention kernel %s; at a %d-token context a decode row's attention "
+                        "%.1f ms, a verify of %d tokens %.1f ms", kernel, ctx, (c.alpha or 0) * (ctx + 1) * 1e3,
+                        k + 1, (c.per_position + (k + 1) * c.per_pair) * (ctx + k + 1) * 1e3)  # fmt: skip
         finally:
             if slots is not None:
                 self.allocator.free(slots)
