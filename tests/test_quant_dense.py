@@ -137,7 +137,9 @@ def test_default_quantization_per_dtype(caplog: pytest.LogCaptureFixture) -> Non
     assert "run dequantized" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="radixrt.models.quantize"):
-        assert resolve_quantization("gguf", gguf_file, torch.float32, "torch") == "gguf"  # asked for: honoured
+        assert (
+            resolve_quantization("gguf", gguf_file, torch.float32, "torch") == "gguf"
+        )  # asked for: honoured
         assert "scalar float32 weight-only kernels" in caplog.text
         caplog.clear()
         assert resolve_quantization("gguf", gguf_file, torch.float32) == "gguf"
