@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from benchmarks.common import RESULTS_DIR, format_table, machine_info, update_readme_section, write_json
 from benchmarks.react_traces import DATA_HELP, data_label, traces_file
+from benchmarks.spec_baseline import BaselineServer
 from radixrt import Engine
 
 
@@ -50,7 +51,7 @@ def header(shots: list[tuple[str, list[dict[str, str]]]]) -> str:
     return text
 
 
-def replay(eng: Engine, head: str, questions: list[tuple[str, list[dict[str, str]]]], batch: int,
+def replay(eng: Engine | BaselineServer, head: str, questions: list[tuple[str, list[dict[str, str]]]], batch: int,
            steps: int, new_tokens: int) -> tuple[float, int, list[str]]:  # fmt: skip
     """Replay ``questions`` ``batch`` at a time; returns (seconds, generated tokens, outputs)."""
     params = {"temperature": 0, "max_new_tokens": new_tokens, "stop": ["\nObservation"]}
@@ -84,12 +85,45 @@ def engine_for(mode: str, ns: argparse.Namespace) -> Engine:
     return Engine(**kw)
 
 
-def forget_suffix_index(eng: Engine) -> None:
-    """Empty SUFFIX's global index (the worker rebuilds its speculator at the next decode)."""
-    eng.worker.call(lambda s: setattr(s, "_spec", None))
+BASE = "@base"  # suffix of the modes run by --baseline's tree
 
 
-def run_once(eng: Engine, head: str, questions: list[tuple[str, list[dict[str, str]]]], batch: int,
+def baseline_for(mode: str, ns: argparse.Namespace) -> BaselineServer:
+    """``mode`` (NGRAM@base, SUFFIX@base) served by the --baseline tree, flags as `engine_for`'s."""
+    flags = ["--max-total-tokens", "24000", "--dtype", ns.dtype, "--speculative-algorithm", mode.removesuffix(BASE),
+             "--speculative-num-draft-tokens", str(ns.draft_tokens)]  # fmt: skip
+    return BaselineServer(ns.baseline, flags)
+
+
+def forget_suffix_index(eng: Engine | BaselineServer, head: str) -> None:
+    """Empty SUFFIX's global index: the in-process worker rebuilds its speculator at the next decode; a
+    baseline server restarts (and gets the header into its cache again)."""
+    if isinstance(eng, BaselineServer):
+        eng.restart()
+        eng.generate(prompt=[head], sampling_params={"temperature": 0, "max_new_tokens": 1})
+    else:
+        eng.worker.call(lambda s: setattr(s, "_spec", None))
+
+
+def step_costs(eng: Engine) -> dict[str, Any]:
+    """The compiled step's cost model of a speculative engine (radixrt.worker.step_cost): where its time goes."""
+
+    def read(s: Any) -> dict[str, Any]:
+        gr = s.runner.graph_runner
+        if gr is None:
+            return {}
+        c = gr.cost
+        return {"base_ms": {b: round(v * 1e3, 2) for b, v in c.base.items()}, "scale": c.scale,
+                "decode_attention_us_per_position": (c.alpha or 0) * 1e6,
+                "verify_attention_us": {"per_position": c.per_position * 1e6, "per_pair": c.per_pair * 1e6,
+                                        "scale": c.verify_scale},
+                "verify_kernel": getattr(s.runner.backend, "verify_kernel", None)}  # fmt: skip
+
+    out: dict[str, Any] = eng.worker.call(read)
+    return out
+
+
+def run_once(eng: Engine | BaselineServer, head: str, questions: list[tuple[str, list[dict[str, str]]]], batch: int,
              ns: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     before, load0 = eng.get_server_info(), os.getloadavg()[0]
     secs, toks, texts = replay(eng, head, questions, batch, ns.steps, ns.new_tokens)
@@ -114,11 +148,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--readme", action="store_true")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="an earlier radixrt source tree (git archive COMMIT | tar -x -C DIR): its NGRAM and SUFFIX "
+                   "run too, as HTTP servers from that tree, interleaved with this tree's modes")  # fmt: skip
     ns = p.parse_args()
     traces = load_traces(traces_file(ns.data), ns.shots + ns.questions)
     head, questions = header(traces[: ns.shots]), traces[ns.shots :]
     batches = [int(b) for b in ns.batches.split(",")]
-    engines = {m: engine_for(m, ns) for m in tqdm(MODES, desc="loading engines")}
+    modes = [*MODES, *((m + BASE for m in MODES[1:]) if ns.baseline else ())]
+    engines: dict[str, Engine | BaselineServer] = {
+        m: baseline_for(m, ns) if m.endswith(BASE) else engine_for(m, ns) for m in tqdm(modes, desc="loading")
+    }
     runs: list[dict[str, Any]] = []
     outputs: dict[tuple[str, int, str], list[str]] = {}
     try:
@@ -126,19 +166,22 @@ def main() -> None:
             replay(eng, head, questions[:1], 1, 1, 8)  # the header into the cache, compile warm-up
         for rep in tqdm(range(ns.repeats), desc="repeats"):
             for batch in batches:
-                for mode in MODES:
-                    if mode == "SUFFIX":
-                        forget_suffix_index(engines[mode])
+                for mode in modes:
+                    if mode.startswith("SUFFIX"):
+                        forget_suffix_index(engines[mode], head)
                 for pass_ in ("cold", "warm"):
-                    for mode in MODES:
+                    for mode in modes:
                         r, texts = run_once(engines[mode], head, questions, batch, ns)
                         runs.append({"repeat": rep, "batch": batch, "pass": pass_, "mode": mode, **r})
                         outputs[(pass_, batch, mode)] = texts
+        costs = {
+            m: step_costs(eng) for m, eng in engines.items() if m in MODES[1:] and isinstance(eng, Engine)
+        }
     finally:
         for eng in engines.values():
             eng.shutdown()
     same = {m: sum(a == b for k, texts in outputs.items() if k[2] == m
-                   for a, b in zip(texts, outputs[(k[0], k[1], "off")], strict=True)) for m in MODES[1:]}  # fmt: skip
+                   for a, b in zip(texts, outputs[(k[0], k[1], "off")], strict=True)) for m in modes[1:]}  # fmt: skip
     total = sum(len(t) for k, t in outputs.items() if k[2] == "off")
     identical = ", ".join(f"{m} {n}/{total}" for m, n in same.items())
     rows = []
@@ -146,7 +189,7 @@ def main() -> None:
         for pass_ in ("cold", "warm"):
             sel = {
                 m: [r for r in runs if r["batch"] == batch and r["pass"] == pass_ and r["mode"] == m]
-                for m in MODES
+                for m in modes
             }
             secs = {m: statistics.median(r["seconds"] for r in rs) for m, rs in sel.items()}
             tok_s = {m: statistics.median(r["tok_s"] for r in rs) for m, rs in sel.items()}
@@ -154,16 +197,17 @@ def main() -> None:
             loads = [x for rs in sel.values() for r in rs for x in r["load"]]
             rows.append([str(batch), pass_, f"{tok_s['off']:.1f}"]
                         + [f"{tok_s[m]:.1f} ({secs['off'] / secs[m]:.2f}x, "
-                           f"{statistics.median(acc[m]) if acc[m] else 0:.2f})" for m in MODES[1:]]
+                           f"{statistics.median(acc[m]) if acc[m] else 0:.2f})" for m in modes[1:]]
                         + [f"{min(loads):.1f}-{max(loads):.1f}"])  # fmt: skip
-    table = format_table(["batch", "pass", "tok/s off", "NGRAM tok/s (speed-up, accept)",
-                          "SUFFIX tok/s (speed-up, accept)", "load avg"], rows)  # fmt: skip
+    table = format_table(["batch", "pass", "tok/s off", *(f"{m} tok/s (speed-up, accept)" for m in modes[1:]),
+                          "load avg"], rows)  # fmt: skip
     note = (f"{len(questions)} questions x {ns.steps} steps, {ns.shots}-shot header, greedy, {ns.new_tokens} new "
             f"tokens at most, {ns.draft_tokens} draft tokens, {ns.repeats} repeat(s), medians; modes interleaved "
             f"per pass; outputs identical to off: {identical}")  # fmt: skip
+    args = vars(ns) | {"data": data_label(ns.data), "baseline": ns.baseline.name if ns.baseline else None}
     write_json(RESULTS_DIR / "spec_react.json", {"machine": machine_info(0), "runs": runs, "identical": identical,
-                                                  "args": vars(ns) | {"data": data_label(ns.data)}})  # fmt: skip
-    print(table + "\n\n" + note)
+                                                  "step_costs": costs, "args": args})  # fmt: skip
+    print(table + "\n\n" + note + "\n\nstep costs: " + json.dumps(costs))
     if ns.readme:
         update_readme_section("spec_react", table + "\n\n" + note)
 
