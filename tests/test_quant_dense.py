@@ -76,7 +76,7 @@ def test_int8_twin_multiplies_the_rounded_operands(dtype: torch.dtype) -> None:
     """--dense-gemm-int8: below the threshold the kernel, bit for bit; from it up the product of the weight
     requantized per output row and the activations rounded per row (exact int32 sums, one output rounding),
     within both roundings' bound of the exact product by the reference weight; no dense copy kept."""
-    from radixrt.layers.quant_linear import quantize_int8_symmetric
+    from radixrt.layers.quant_math import quantize_int8_symmetric
 
     for m in _modules(dtype):
         small = _rand(3, m.in_features, seed=20, scale=1.0).to(dtype)

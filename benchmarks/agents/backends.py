@@ -5,7 +5,8 @@ run from an empty cache.
 - ``radixrt``: a launched radixrt server over HTTP (``RuntimeEndpoint``), default flags;
 - ``radixrt-engine``: the in-process ``Engine`` (``EngineBackend``);
 - ``radix-off``: the server with ``--disable-radix-cache``; ``radixrt-fcfs``: with ``--schedule-policy fcfs``;
-  ``radixrt-mixed``: with ``--enable-mixed-chunk``;
+  ``radixrt-mixed``: with ``--enable-mixed-chunk``; ``radixrt-ngram`` / ``radixrt-suffix``: with
+  ``--speculative-algorithm NGRAM`` / ``SUFFIX`` (speculation on vs the plain ``radixrt``);
 - ``llama.cpp``: ``python -m llama_cpp.server`` on the same GGUF file, OpenAI completions, its RAM prompt
   cache on (cached tokens are read from its verbose log: "N prefix-match hit"); restarted per run. NOTE:
   ``--interrupt_requests false``: by default it cuts a streaming completion short (sends ``[DONE]``)
@@ -32,13 +33,16 @@ from frontend_lang.chat_template import template_for_tokenizer
 from radixrt.models.tokenizer import load_tokenizer
 
 ALL_BACKENDS = (
-    "radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "radixrt-mixed", "openvino", "llama.cpp", "hf"
+    "radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "radixrt-mixed", "radixrt-ngram", "radixrt-suffix",
+    "openvino", "llama.cpp", "hf",
 )  # fmt: skip
 SERVER_FLAGS = {
     "radixrt": [],
     "radix-off": ["--disable-radix-cache"],
     "radixrt-fcfs": ["--schedule-policy", "fcfs"],
     "radixrt-mixed": ["--enable-mixed-chunk"],
+    "radixrt-ngram": ["--speculative-algorithm", "NGRAM"],
+    "radixrt-suffix": ["--speculative-algorithm", "SUFFIX"],
 }
 COUNTERS = ("prompt_tokens", "cached_tokens", "computed_prefill_tokens", "generation_tokens", "retractions",
             "evicted_tokens")  # fmt: skip

@@ -16,10 +16,12 @@ HEADLINE = (
     "radix-off",
     "radixrt-fcfs",
     "radixrt-mixed",
+    "radixrt-ngram",
+    "radixrt-suffix",
     "url",
 )
 COLORS = dict(zip(HEADLINE, ("tab:blue", "tab:orange", "tab:olive", "tab:green", "tab:red", "tab:purple", "tab:brown",
-                             "tab:pink", "tab:gray"), strict=True))  # fmt: skip
+                             "tab:pink", "tab:cyan", "black", "tab:gray"), strict=True))  # fmt: skip
 PEERS = ("openvino", "llama.cpp", "hf", "radix-off")  # radixrt / each of these in the headline table
 
 

@@ -13,9 +13,8 @@ from radixrt.layers.quant_linear import (
     Int4Linear,
     Int8Linear,
     QuantLinearBase,
-    quantize_int4_groupwise,
-    quantize_int8_per_channel,
 )
+from radixrt.layers.quant_math import quantize_int4_groupwise, quantize_int8_per_channel
 from radixrt.layers.quantization import (
     QUANT_METHODS,
     QUANTIZATION_CHOICES,
