@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.pd import free_port, wait_http
+from benchmarks.pd import free_port, stop, wait_http
 
 
 class BaselineServer:
@@ -32,7 +32,9 @@ class BaselineServer:
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PYTHONPATH": str(self.tree)}
         cmd = [sys.executable, "-m", "radixrt.entrypoints.launch_server", "--port", str(port), *self.flags]
-        self.proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.tree, env=env, stdout=subprocess.DEVNULL, start_new_session=True
+        )
         wait_http(self.url + "/health", timeout=600)
 
     def restart(self) -> None:
@@ -53,11 +55,7 @@ class BaselineServer:
         return info
 
     def shutdown(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """Stop the server and its processes (its own session: SIGTERM to the group, SIGKILL after 30 s)."""
+        if self.proc is not None:
+            stop([self.proc])
         self.proc = None
