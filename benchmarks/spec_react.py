@@ -81,7 +81,10 @@ MODES = ("off", "NGRAM", "SUFFIX")
 def engine_for(mode: str, ns: argparse.Namespace) -> Engine:
     kw: dict[str, Any] = {"max_total_tokens": 24_000, "dtype": ns.dtype}  # three engines share the RAM
     if mode != "off":
-        kw |= {"speculative_algorithm": mode, "speculative_num_draft_tokens": ns.draft_tokens}
+        kw |= {
+            "speculative_algorithm": mode,
+            "speculative_num_draft_tokens": ns.draft_tokens,
+        }  # None: its default
     return Engine(**kw)
 
 
@@ -90,8 +93,16 @@ BASE = "@base"  # suffix of the modes run by --baseline's tree
 
 def baseline_for(mode: str, ns: argparse.Namespace) -> BaselineServer:
     """``mode`` (NGRAM@base, SUFFIX@base) served by the --baseline tree, flags as `engine_for`'s."""
-    flags = ["--max-total-tokens", "24000", "--dtype", ns.dtype, "--speculative-algorithm", mode.removesuffix(BASE),
-             "--speculative-num-draft-tokens", str(ns.draft_tokens)]  # fmt: skip
+    flags = [
+        "--max-total-tokens",
+        "24000",
+        "--dtype",
+        ns.dtype,
+        "--speculative-algorithm",
+        mode.removesuffix(BASE),
+    ]
+    if ns.draft_tokens is not None:  # unset: the tree's own default
+        flags += ["--speculative-num-draft-tokens", str(ns.draft_tokens)]
     return BaselineServer(ns.baseline, flags)
 
 
@@ -143,7 +154,8 @@ def main() -> None:
     p.add_argument("--shots", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--draft-tokens", type=int, default=4)
+    p.add_argument("--draft-tokens", type=int, default=None,
+                   help="--speculative-num-draft-tokens for every mode (default: each algorithm's own)")  # fmt: skip
     p.add_argument("--batches", default="1,8")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtype", default="auto")
@@ -202,7 +214,7 @@ def main() -> None:
     table = format_table(["batch", "pass", "tok/s off", *(f"{m} tok/s (speed-up, accept)" for m in modes[1:]),
                           "load avg"], rows)  # fmt: skip
     note = (f"{len(questions)} questions x {ns.steps} steps, {ns.shots}-shot header, greedy, {ns.new_tokens} new "
-            f"tokens at most, {ns.draft_tokens} draft tokens, {ns.repeats} repeat(s), medians; modes interleaved "
+            f"tokens at most, {ns.draft_tokens or 'default'} draft tokens, {ns.repeats} repeat(s), medians; modes interleaved "
             f"per pass; outputs identical to off: {identical}")  # fmt: skip
     args = vars(ns) | {"data": data_label(ns.data), "baseline": ns.baseline.name if ns.baseline else None}
     write_json(RESULTS_DIR / "spec_react.json", {"machine": machine_info(0), "runs": runs, "identical": identical,

@@ -20,6 +20,7 @@ import torch
 
 from radixrt import Engine
 from radixrt.config.server_args import ServerArgs
+from radixrt.config.speculative_args import draft_tokens
 from radixrt.sampling.sampling_batch import SamplingBatchInfo
 from radixrt.sampling.sampling_params import SamplingParams
 from radixrt.speculative.ngram import NgramIndex, propose_naive
@@ -108,6 +109,15 @@ def test_server_args_validation() -> None:
         ServerArgs(speculative_algorithm="NGRAM", speculative_num_draft_tokens=0)
     with pytest.raises(ValueError, match="speculative_ngram_max_match_window_size"):
         ServerArgs(speculative_ngram_max_match_window_size=0)
+
+
+def test_draft_cap_defaults_per_algorithm() -> None:
+    """Unset, the draft cap is the algorithm's own (SUFFIX drafts adaptively, so it gets the larger one);
+    set, it wins for every algorithm."""
+    assert draft_tokens(ServerArgs(speculative_algorithm="NGRAM")) == 4
+    assert draft_tokens(ServerArgs(speculative_algorithm="SUFFIX")) == 8
+    assert draft_tokens(ServerArgs(speculative_algorithm="SUFFIX", speculative_num_draft_tokens=3)) == 3
+    assert draft_tokens(ServerArgs(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)) == 6
 
 
 # -- the acceptance rule, against exact probabilities ----------------------------------------------------------

@@ -350,7 +350,9 @@ class ServerArgs:
         "or logprobs are not drafted. Unset: off.",
         ("NGRAM", "SUFFIX"),
     )
-    speculative_num_draft_tokens: int = arg(4, "Most draft tokens per request per step.")
+    speculative_num_draft_tokens: int | None = arg(
+        None, "Most draft tokens per request per step (unset: 4; SUFFIX 8)."
+    )
     speculative_ngram_max_match_window_size: int = arg(
         3, "Longest suffix (in tokens) the n-gram lookup matches; it tries n down to 1, longest first."
     )
@@ -376,13 +378,11 @@ class ServerArgs:
     speculative_suffix_prompt_window: int = arg(
         512,
         "SUFFIX: the last this many prompt tokens enter the request's own trie (indexing costs depth dict "
-        "operations a token in Python: ~25 ms for 1.7k tokens, paid at the request's first decode step); "
-        "what came before is drafted from the global index only.",
+        "operations a token: ~25 ms for 1.7k tokens); what came before is drafted from the global index only.",
     )
     speculative_suffix_cache_tokens: int = arg(
         65536,
-        "SUFFIX: tokens of finished requests (prompt + output) the global suffix index holds, LRU; each "
-        "token costs up to depth trie nodes.",
+        "SUFFIX: tokens of finished requests (prompt + output) the global index holds, LRU; up to depth nodes each.",
     )
     # -- parallelism (SGLang's names) -------------------------------------------------------------------
     tp_size: int = arg(

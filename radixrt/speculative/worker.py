@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 
 from radixrt.config.server_args import ServerArgs
+from radixrt.config.speculative_args import draft_tokens
 from radixrt.kernels.base import ForwardMode
 from radixrt.speculative.ngram import NgramIndex
 from radixrt.speculative.policy import SpecPolicy
@@ -98,7 +99,7 @@ class Speculator:
     algorithm = ""
 
     def __init__(self, args: ServerArgs) -> None:
-        self.num_draft_tokens = args.speculative_num_draft_tokens
+        self.num_draft_tokens = draft_tokens(args)
         self.policy = SpecPolicy(args.speculative_max_batch_size, args.speculative_verify_cost)
         self._live: dict[int, Req] = {}  # id(req) -> req, the requests of the last step
 

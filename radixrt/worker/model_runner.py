@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from radixrt.config.server_args import ServerArgs
+from radixrt.config.speculative_args import draft_tokens
 from radixrt.distributed.tensor_parallel import check_divisible, shard_model
 from radixrt.distributed.tp_group import FollowerEntry, TPGroup, init_group, ranks_of_node
 from radixrt.kernels.base import AttentionMetadata, ForwardMode, KVStore, get_backend_class
@@ -172,7 +173,7 @@ class ModelRunner:
                 self.backend,
                 args.compile_max_bs,
                 args.compile_scope,
-                verify_buckets(args.speculative_max_batch_size, args.speculative_num_draft_tokens)
+                verify_buckets(args.speculative_max_batch_size, draft_tokens(args))
                 if args.speculative_algorithm is not None
                 else [],
             )
@@ -367,7 +368,7 @@ class ModelRunner:
     def _calibrate_step_cost(self, gr: DecodeGraphRunner) -> None:
         """Speculation: time the compiled buckets and one request's decode and verify at a long context, and
         pick the backend's fastest verify kernel (`StepCost.calibrate`); its scratch KV is freed after."""
-        k = self.args.speculative_num_draft_tokens
+        k = draft_tokens(self.args)
         ctx = max(1, min(1024, self.context_len - k - 2, self.allocator.total_slots // 2))
         row, slots = self.req_to_token_pool.alloc(), self.allocator.alloc(ctx + 1 + k)
         try:
