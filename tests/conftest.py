@@ -7,6 +7,7 @@ runtime's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -14,8 +15,13 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from radixrt.kernels.torch_native import EXTEND_KERNEL_ENV
 from radixrt.models.tokenizer import load_tokenizer
 from radixrt.testing.random_checkpoint import make_checkpoint
+
+# The engine tests exercise the C extend kernel on every CPU (by default only AVX-512 CPUs run it; the
+# reference path it would otherwise take has tests of its own): servers the tests start inherit this.
+os.environ.setdefault(EXTEND_KERNEL_ENV, "c")
 
 # Engine fixtures (engine_factory, ...) live in their own module; registering them here makes them global.
 pytest_plugins = ["tests.engine_fixtures"]

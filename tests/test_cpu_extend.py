@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels import cpu_decode, cpu_extend
+from radixrt.kernels.torch_native import EXTEND_KERNEL_ENV, extend_kernel_default
 from radixrt.testing.random_checkpoint import make_checkpoint
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
@@ -339,3 +340,20 @@ def test_engine_sliding_window_equals_hf(
     for ids, out in zip(prompts, outs, strict=True):
         assert out["output_ids"] == hf_greedy(path, ids, GREEDY["max_new_tokens"])
     assert extend_calls
+
+
+def test_extend_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RADIXRT_CPU_EXTEND_KERNEL picks the extend path; auto follows the CPU (the C kernel on AVX-512 only);
+    a bad value is a ValueError naming the variable."""
+    monkeypatch.setenv(EXTEND_KERNEL_ENV, "sdpa")
+    assert not extend_kernel_default()
+    monkeypatch.setenv(EXTEND_KERNEL_ENV, "C")
+    assert extend_kernel_default()
+    monkeypatch.setenv(EXTEND_KERNEL_ENV, "auto")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not extend_kernel_default()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert extend_kernel_default()
+    monkeypatch.setenv(EXTEND_KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match=EXTEND_KERNEL_ENV):
+        extend_kernel_default()

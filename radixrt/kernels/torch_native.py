@@ -25,6 +25,7 @@ by the scales before SDPA.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,6 +36,23 @@ from radixrt.kernels.base import AttentionBackend, AttentionMetadata, ForwardMod
 from radixrt.kernels.fp8 import dequantize_fp8
 
 logger = logging.getLogger(__name__)
+
+# Which path runs extends longer than SMALL_EXTEND: "c" (the C extend kernel), "sdpa" (gather + SDPA) or
+# "auto" (the default): "c" where torch reports AVX-512. The C kernels are register-blocked for AVX-512; on
+# an AVX2 CPU the extend kernel ran 256 new tokens over a 3k cached prefix at 32 tok/s against 246 through
+# gather + SDPA (torch's vectorized flash attention), and a 512-token prefill at 237 against 512 (SmolLM2,
+# float32, 2 threads, docs/cpu.md).
+EXTEND_KERNEL_ENV = "RADIXRT_CPU_EXTEND_KERNEL"
+
+
+def extend_kernel_default() -> bool:
+    """Whether extends use the C kernel by default (`EXTEND_KERNEL_ENV`); ValueError naming a bad value."""
+    choice = os.environ.get(EXTEND_KERNEL_ENV, "auto").lower()
+    if choice not in ("auto", "c", "sdpa"):
+        raise ValueError(f"{EXTEND_KERNEL_ENV}: must be auto, c or sdpa, got {choice!r}")
+    if choice == "auto":
+        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return choice == "c"
 
 
 @runtime_checkable
@@ -52,7 +70,8 @@ SMALL_EXTEND = 16
 class TorchNativeBackend(AttentionBackend):
     """Reference backend; every other backend is tested against it. ``use_decode_kernel`` False forces the
     reference path for every forward; ``use_extend_kernel`` False (default: ``use_decode_kernel``) keeps the
-    C decode kernel but runs extends longer than ``SMALL_EXTEND`` through the reference path."""
+    C decode kernel but runs extends longer than ``SMALL_EXTEND`` through the reference path; None: the C
+    extend kernel where `extend_kernel_default` says it pays (AVX-512)."""
 
     def __init__(
         self,
@@ -75,7 +94,9 @@ class TorchNativeBackend(AttentionBackend):
                 "instead (several times slower at long contexts)",
                 cpu_decode.unavailable_reason(),
             )
-        wanted = use_decode_kernel if use_extend_kernel is None else use_extend_kernel
+        wanted = (
+            use_decode_kernel and extend_kernel_default() if use_extend_kernel is None else use_extend_kernel
+        )
         self.use_extend_kernel = wanted and self.use_decode_kernel
         # A speculative verify's short extends: one C decode query per token ("decode") or gather + SDPA over
         # each request's K/V once for all its new tokens ("sdpa"); the model runner times both at warm-up.
