@@ -22,7 +22,7 @@ class SpeculativeArgs(Protocol):
 # Most draft tokens per request per step when --speculative-num-draft-tokens is unset. SUFFIX drafts only as
 # far as its index is confident (the adaptive rule), so a larger cap costs nothing where matches are weak and
 # pays where a served sequence repeats: on the ReAct replay with a warm index, batch 1, float32, 2 cores,
-# 4 / 8 / 12 drafts gave 1.9x / 2.4x / 2.5x over plain decoding (docs/speculative.md). NGRAM's drafts are not
+# 4 / 8 / 12 drafts gave 1.9x / 2.4x / 2.6x over plain decoding (docs/speculative.md). NGRAM's drafts are not
 # scored, so it keeps the short cap.
 DEFAULT_DRAFT_TOKENS = {"NGRAM": 4, "SUFFIX": 8}
 

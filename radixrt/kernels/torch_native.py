@@ -69,9 +69,9 @@ SMALL_EXTEND = 16
 
 class TorchNativeBackend(AttentionBackend):
     """Reference backend; every other backend is tested against it. ``use_decode_kernel`` False forces the
-    reference path for every forward; ``use_extend_kernel`` False (default: ``use_decode_kernel``) keeps the
-    C decode kernel but runs extends longer than ``SMALL_EXTEND`` through the reference path; None: the C
-    extend kernel where `extend_kernel_default` says it pays (AVX-512)."""
+    reference path for every forward; ``use_extend_kernel`` False keeps the C decode kernel but runs extends
+    longer than ``SMALL_EXTEND`` through the reference path (None, the default: False unless
+    `extend_kernel_default` says the C extend kernel pays, i.e. on AVX-512)."""
 
     def __init__(
         self,
