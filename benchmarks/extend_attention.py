@@ -83,10 +83,17 @@ def layer_runs(dtype: torch.dtype, prefix: int, extend: int) -> dict[str, Callab
         once()  # warm up (scratch buffers, the OpenMP pool)
         return once
 
-    kernel = TorchNativeBackend(pool, H, KVH, D, D**-0.5)
+    kernel = TorchNativeBackend(pool, H, KVH, D, D**-0.5, use_extend_kernel=True)
     reference = TorchNativeBackend(pool, H, KVH, D, D**-0.5, use_extend_kernel=False)
     assert kernel.use_extend_kernel, "the C kernels are unavailable here"
     return {"kernel": run(kernel), "gather+SDPA": run(reference), "metadata": run(reference, metadata=True)}
+
+
+def use_c_kernel(backend: Any, on: bool) -> None:
+    """Route every extend of ``backend`` through the C kernel (``on``) or gather + SDPA."""
+    from radixrt.kernels.torch_native import C_EXTEND_ALWAYS
+
+    backend.use_extend_kernel, backend.extend_kernel_max = on, C_EXTEND_ALWAYS
 
 
 def engine_runs(repeats: int) -> dict[str, dict[str, dict[str, float]]]:
@@ -105,7 +112,7 @@ def engine_runs(repeats: int) -> dict[str, dict[str, dict[str, float]]]:
     eng.generate(input_ids=system, sampling_params=params)  # the cached prefix
 
     def timed(ids: list[int], kernel: bool) -> float:
-        eng.worker.call(lambda s: setattr(s.runner.backend, "use_extend_kernel", kernel))
+        eng.worker.call(lambda s: use_c_kernel(s.runner.backend, kernel))
         t0 = time.perf_counter()
         out = eng.generate(input_ids=ids, sampling_params=params)
         elapsed = time.perf_counter() - t0

@@ -22,7 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels import cpu_decode, cpu_extend
-from radixrt.kernels.torch_native import EXTEND_KERNEL_ENV, extend_kernel_default
+from radixrt.kernels.base import AttentionMetadata, ForwardMode
+from radixrt.kernels.torch_native import (
+    AMX_C_EXTEND_MAX,
+    C_EXTEND_ALWAYS,
+    EXTEND_KERNEL_ENV,
+    TorchNativeBackend,
+    extend_kernel_max_tokens,
+)
+from radixrt.mem_cache.kv_pool import KVPool
 from radixrt.testing.random_checkpoint import make_checkpoint
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
@@ -343,17 +351,41 @@ def test_engine_sliding_window_equals_hf(
 
 
 def test_extend_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RADIXRT_CPU_EXTEND_KERNEL picks the extend path; auto follows the CPU (the C kernel on AVX-512 only);
-    a bad value is a ValueError naming the variable."""
+    """RADIXRT_CPU_EXTEND_KERNEL picks the extend path; auto follows the CPU (the C kernel on AVX-512, only up
+    to AMX_C_EXTEND_MAX new tokens where AMX runs SDPA, never on AVX2) and the backend routes each forward by
+    its longest extend; a bad value is a ValueError naming the variable."""
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "sdpa")
-    assert not extend_kernel_default()
+    assert extend_kernel_max_tokens() == 0
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "C")
-    assert extend_kernel_default()
+    assert extend_kernel_max_tokens() == C_EXTEND_ALWAYS
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "auto")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert not extend_kernel_default()
+    assert extend_kernel_max_tokens() == 0
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert extend_kernel_default()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert extend_kernel_max_tokens() == C_EXTEND_ALWAYS
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert extend_kernel_max_tokens() == AMX_C_EXTEND_MAX
+    pool = KVPool(256, 1, 2, 16, torch.float32)
+    backend = TorchNativeBackend(pool, 4, 2, 16, 0.25)
+    assert backend.use_extend_kernel == cpu_decode.available()
+    for n, c_kernel in ((AMX_C_EXTEND_MAX, True), (AMX_C_EXTEND_MAX + 1, False)):
+        md = AttentionMetadata(
+            mode=ForwardMode.EXTEND,
+            qo_indptr=torch.tensor([0, n]),
+            kv_indptr=torch.tensor([0, n]),
+            kv_indices=torch.arange(1, n + 1),
+            kv_last_page_len=torch.tensor([1]),
+            page_size=1,
+            prefix_lens=torch.tensor([0]),
+            seq_lens=torch.tensor([n]),
+            out_cache_loc=torch.arange(1, n + 1),
+            max_extend_len=n,
+            max_seq_len=n,
+            slot_table=torch.arange(1, n + 1)[None, :],
+        )
+        backend.init_forward_metadata(md)
+        assert backend._extend_kernel == (c_kernel and cpu_decode.available())
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=EXTEND_KERNEL_ENV):
-        extend_kernel_default()
+        extend_kernel_max_tokens()

@@ -6,8 +6,9 @@ Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and b
 (causal over prefix + new tokens, sequence length, optional sliding window); per layer it gathers K/V
 through that table and runs ``scaled_dot_product_attention`` with GQA. Decode steps (one new token per
 request, or up to ``SMALL_EXTEND`` new tokens as one decode query each) call the C decode kernel instead, and
-longer extends the C extend kernel (no slot table, mask or gather is built for them), when the C library
-could be built here (gcc); when it cannot, the backend logs why once and runs the reference path. No Python
+longer extends the C extend kernel (no slot table, mask or gather is built for them) where it is the faster
+path on this CPU (`extend_kernel_max_tokens`), when the C library could be built here (gcc); when it cannot,
+the backend logs why once and runs the reference path. No Python
 loop over tokens or requests in the per-layer path.
 
 A speculative verify (``TARGET_VERIFY``: a few new tokens per request) has two kernels (``verify_kernels``):
@@ -38,21 +39,32 @@ from radixrt.kernels.fp8 import dequantize_fp8
 logger = logging.getLogger(__name__)
 
 # Which path runs extends longer than SMALL_EXTEND: "c" (the C extend kernel), "sdpa" (gather + SDPA) or
-# "auto" (the default): "c" where torch reports AVX-512. The C kernels are register-blocked for AVX-512; on
-# an AVX2 CPU the extend kernel ran 256 new tokens over a 3k cached prefix at 32 tok/s against 246 through
-# gather + SDPA (torch's vectorized flash attention), and a 512-token prefill at 237 against 512 (SmolLM2,
-# float32, 2 threads, docs/cpu.md).
+# "auto" (the default), by the CPU (docs/cpu.md, measured on the embedded model's attention, 2 threads):
+# - AVX-512 without AMX: "c". On a Zen 4 the kernel ran 256 new tokens over a 3k cached prefix 8x faster than
+#   gather + SDPA per layer.
+# - AVX-512 with AMX (Sapphire Rapids and later): "c" up to AMX_C_EXTEND_MAX new tokens per request, longer
+#   ones "sdpa": torch's SDPA multiplies on AMX tiles there, which outruns the kernel's AVX512-BF16 dot
+#   products once the tokens amortize its K/V gather (per layer over a 3k prefix: 17 tokens 0.57x the
+#   time of gather + SDPA, 32 0.84x, 64 1.35x, 256 1.84x).
+# - AVX2: "sdpa". The kernel is register-blocked for AVX-512; it ran 256 new tokens over a 3k prefix at 32 tok/s
+#   against 246 through gather + SDPA, and a 512-token prefill at 237 against 512 (float32).
 EXTEND_KERNEL_ENV = "RADIXRT_CPU_EXTEND_KERNEL"
+AMX_C_EXTEND_MAX = 48
+C_EXTEND_ALWAYS = 1 << 62  # an extend_kernel_max_tokens() with no limit
 
 
-def extend_kernel_default() -> bool:
-    """Whether extends use the C kernel by default (`EXTEND_KERNEL_ENV`); ValueError naming a bad value."""
+def extend_kernel_max_tokens() -> int:
+    """The longest extend (new tokens of one request) the C extend kernel takes by default, by
+    `EXTEND_KERNEL_ENV` and the CPU: 0 (never: gather + SDPA), `AMX_C_EXTEND_MAX` or `C_EXTEND_ALWAYS`.
+    ValueError naming the variable for a bad value."""
     choice = os.environ.get(EXTEND_KERNEL_ENV, "auto").lower()
     if choice not in ("auto", "c", "sdpa"):
         raise ValueError(f"{EXTEND_KERNEL_ENV}: must be auto, c or sdpa, got {choice!r}")
-    if choice == "auto":
-        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    return choice == "c"
+    if choice != "auto":
+        return C_EXTEND_ALWAYS if choice == "c" else 0
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return 0
+    return AMX_C_EXTEND_MAX if torch.cpu._is_amx_tile_supported() else C_EXTEND_ALWAYS
 
 
 @runtime_checkable
@@ -70,8 +82,9 @@ SMALL_EXTEND = 16
 class TorchNativeBackend(AttentionBackend):
     """Reference backend; every other backend is tested against it. ``use_decode_kernel`` False forces the
     reference path for every forward; ``use_extend_kernel`` False keeps the C decode kernel but runs extends
-    longer than ``SMALL_EXTEND`` through the reference path (None, the default: False unless
-    `extend_kernel_default` says the C extend kernel pays, i.e. on AVX-512)."""
+    longer than ``SMALL_EXTEND`` through the reference path. None (the default) takes the C extend kernel for
+    extends of up to `extend_kernel_max_tokens` new tokens per request, True for every extend; the attribute
+    ``extend_kernel_max`` holds that limit."""
 
     def __init__(
         self,
@@ -94,9 +107,8 @@ class TorchNativeBackend(AttentionBackend):
                 "instead (several times slower at long contexts)",
                 cpu_decode.unavailable_reason(),
             )
-        wanted = (
-            use_decode_kernel and extend_kernel_default() if use_extend_kernel is None else use_extend_kernel
-        )
+        self.extend_kernel_max = extend_kernel_max_tokens() if use_extend_kernel is None else C_EXTEND_ALWAYS
+        wanted = self.extend_kernel_max > 0 if use_extend_kernel is None else use_extend_kernel
         self.use_extend_kernel = wanted and self.use_decode_kernel
         # A speculative verify's short extends: one C decode query per token ("decode") or gather + SDPA over
         # each request's K/V once for all its new tokens ("sdpa"); the model runner times both at warm-up.
@@ -120,7 +132,9 @@ class TorchNativeBackend(AttentionBackend):
         # for a short extend one row per new token (below).
         self._token_table: torch.Tensor | None = None
         self._split: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._extend_kernel = self.use_extend_kernel and md.max_extend_len > SMALL_EXTEND
+        self._extend_kernel = (
+            self.use_extend_kernel and SMALL_EXTEND < md.max_extend_len <= self.extend_kernel_max
+        )
         if self._extend_kernel:
             return  # the C kernel reads md's slot table, qo_indptr and seq_lens as they are
         if self.use_decode_kernel and md.max_extend_len == 1 and int(md.qo_indptr[-1]) == md.batch_size:
