@@ -126,6 +126,8 @@ class TorchNativeBackend(AttentionBackend):
     _q_index: torch.Tensor
     _q_valid: torch.Tensor
     _mask: torch.Tensor | None
+    _additive: torch.Tensor | None
+    _causal: bool
 
     def init_forward_metadata(self, md: AttentionMetadata) -> None:
         # The C decode kernel's slot table and lengths (None: another path): for a decode batch md's own,
@@ -197,8 +199,14 @@ class TorchNativeBackend(AttentionBackend):
         self._q_valid = q_pos[None, :] < extend_lens[:, None]
         self._q_index = torch.where(self._q_valid, qo_indptr[:-1, None] + q_pos[None, :], 0)
         self._ref_shape = (int(seq_lens.shape[0]), max_extend_len)
+        self._additive = None
+        self._causal = False
         if max_extend_len == 1 and self.sliding_window is None:
             self._mask = kv_ok[:, None, None, :]
+            return
+        if seq_lens.shape[0] == 1 and self.sliding_window is None and int(prefix_lens[0]) == 0:
+            # One request's plain prefill: SDPA's own causal mask (no mask tensor to read per layer).
+            self._mask, self._causal = None, True
             return
         abs_q = prefix_lens[:, None] + q_pos[None, :]  # [B, Q] absolute position of each query
         mask = kv_ok[:, None, :] & (kv_pos[None, None, :] <= abs_q[:, :, None])
@@ -267,13 +275,24 @@ class TorchNativeBackend(AttentionBackend):
             queries,
             keys,
             values,
-            attn_mask=self._mask,
+            attn_mask=self._additive_mask(queries.dtype),
+            is_causal=self._causal,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         if max_extend_len == 1 and q.shape[0] == batch:
             return out[:, :, 0, :]
         return out.transpose(1, 2)[self._q_valid]
+
+    def _additive_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The planned mask as 0 / -inf in ``dtype``, built on the forward's first layer: SDPA converts a
+        boolean mask on every call (~15% of an extend's attention over a 3k prefix, bf16, 2 threads)."""
+        if self._mask is None:
+            return None
+        if self._additive is None or self._additive.dtype != dtype:
+            additive = torch.zeros(self._mask.shape, dtype=dtype, device=self._mask.device)
+            self._additive = additive.masked_fill_(~self._mask, float("-inf"))
+        return self._additive
 
     @staticmethod
     def _widen(
