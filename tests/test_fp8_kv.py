@@ -1,6 +1,7 @@
 """FP8 KV cache: the codec against torch's float8 casts, round-trip bounds, the attention backend against
-attention over the dequantized values, and the engine against an fp32-KV engine that stores exactly the
-values an fp8 pool would hand back (same outputs), plus the disk tier across a restart in fp8."""
+attention over the dequantized values (centred keys against the keys themselves), and the engine against an
+fp32-KV engine that stores exactly the values an fp8 pool would hand back (same outputs), plus the disk tier
+across a restart in fp8."""
 
 from __future__ import annotations
 
@@ -162,6 +163,38 @@ def test_backend_attends_over_dequantized_kv(
     torch.testing.assert_close(stored * scale, out_ref_kv[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    "batch",
+    [([0, 21, 40], [9, 5, 17]), ([3, 30, 64], [1, 1, 1]), ([0, 21, 40], [3, 5, 2])],
+    ids=["extend", "decode", "short_extend"],
+)
+@pytest.mark.parametrize("kernel", [True, False], ids=["c_kernels", "gather"])
+def test_centred_keys_attend_as_the_keys(batch: tuple[list[int], list[int]], kernel: bool) -> None:
+    """An e4m3 pool with key offsets stores ``k - k_offset`` and attention needs no correction: it matches
+    attention over the keys themselves (an fp32 pool holding the dequantized values plus the offset) up to
+    float32 rounding, since softmax ignores the per-query shift ``q . k_offset`` only in exact arithmetic."""
+    H, KVH, D = 6, 2, 16
+    md, num_slots = metadata(*batch)
+    g = torch.Generator().manual_seed(2)
+    fp8 = KVPool(num_slots, 1, KVH, D, torch.float32, store_dtype=torch.float8_e4m3fn)
+    assert fp8.k_offset is not None and fp8.k_scale is not None and fp8.v_scale is not None
+    off = torch.randn(KVH, D, generator=g) * 4
+    fp8.k_offset[0], fp8.k_scale[0], fp8.v_scale[0] = off, 2.0**-4, 2.0**-5
+    old_k = torch.randn(num_slots, KVH, D, generator=g) * 3 + off
+    fp8.set_kv(0, torch.arange(num_slots), old_k, torch.randn(num_slots, KVH, D, generator=g))
+    T = int(md.qo_indptr[-1])
+    q = torch.randn(T, H, D, generator=g)
+    k, v = torch.randn(T, KVH, D, generator=g) * 3 + off, torch.randn(T, KVH, D, generator=g)
+    out = run_backend(fp8, md, q, k, v, H, KVH, D, kernel)
+
+    ref = KVPool(num_slots, 1, KVH, D, torch.float32)  # the uncentred keys the fp8 pool stands for
+    ref.k_buffers[0].copy_(dequantize_fp8(fp8.k_buffers[0]) * fp8.k_scale[0] + off)
+    ref.v_buffers[0].copy_(dequantize_fp8(fp8.v_buffers[0]) * fp8.v_scale[0][:, None])
+    loc = md.out_cache_loc
+    expected = run_backend(ref, md, q, ref.k_buffers[0][loc], ref.v_buffers[0][loc], H, KVH, D, kernel)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
 def read_back(
     pool: KVPool, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,8 +235,12 @@ def fake_fp8(
     v_scale: torch.Tensor | None,
     k_offset: torch.Tensor | None,
 ) -> None:
-    """Make an fp32 pool store exactly what an fp8 pool with these scales would hand back (plus the key
-    offset the fp8 pool subtracts: attention over either is the same, softmax ignores the shift)."""
+    """Make an fp32 pool store exactly what an fp8 pool with these scales and key offsets would hand back:
+    the keys stay centred (``k - k_offset``, as the fp8 pool stores them). Adding the offset back would be
+    the same attention only in exact arithmetic (softmax ignores the per-query shift ``q . k_offset``); in
+    float32 the scores round differently, and the next layer's float8 rounding turns an ulp into a whole
+    code step now and then (how often depends on the CPU's GEMM rounding). The shift itself is tested
+    alone, in `test_centred_keys_attend_as_the_keys`."""
     original = pool.set_kv
 
     def set_kv(layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -212,7 +249,7 @@ def fake_fp8(
         for x, scale, shift in ((k, k_scale, off), (v, v_scale, 0.0)):
             s = None if scale is None else scale[layer_id]
             y = dequantize_fp8(quantize_fp8(x - shift, dtype, s))
-            out.append((y if s is None else y * (s if s.dim() == 2 else s[:, None])) + shift)
+            out.append(y if s is None else y * (s if s.dim() == 2 else s[:, None]))
         original(layer_id, loc, out[0], out[1])
 
     pool.set_kv = set_kv  # type: ignore[method-assign]
