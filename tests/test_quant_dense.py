@@ -19,7 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.layers import DenseLinear, Int4Linear, Int8Linear, QuantLinearBase, keep_dense_weights
-from radixrt.models.quantize import resolve_quantization
+from radixrt.models.quantize import (
+    DENSE_MIN_TOKENS,
+    DENSE_MIN_TOKENS_AMX,
+    default_dense_min_tokens,
+    resolve_quantization,
+)
 
 BF16_U = 2.0**-8
 
@@ -120,6 +125,22 @@ def test_keep_dense_weights_on_a_model() -> None:
     assert "dense_weight" not in lin.state_dict()  # not a checkpoint tensor
     with pytest.raises(ValueError, match="min_tokens"):
         keep_dense_weights(model, 0)
+
+
+def test_default_dense_threshold_follows_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dense-gemm-min-tokens unset: 16 rows in bf16 on a CPU with AMX (oneDNN's bf16 GEMM on AMX tiles),
+    else 32; a bad value is a ValueError naming the field."""
+    from radixrt.config.server_args import ServerArgs
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert default_dense_min_tokens(torch.bfloat16, cpu) == DENSE_MIN_TOKENS_AMX == 16
+    assert default_dense_min_tokens(torch.float32, cpu) == DENSE_MIN_TOKENS == 32
+    assert default_dense_min_tokens(torch.bfloat16, cuda) == DENSE_MIN_TOKENS
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert default_dense_min_tokens(torch.bfloat16, cpu) == DENSE_MIN_TOKENS
+    with pytest.raises(ValueError, match="dense_gemm_min_tokens"):
+        ServerArgs(dense_gemm_min_tokens=-1)
 
 
 def test_default_quantization_per_dtype(caplog: pytest.LogCaptureFixture) -> None:

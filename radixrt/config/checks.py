@@ -42,7 +42,7 @@ def check_server_args(a: ServerArgs) -> None:
             raise ValueError(f"{f.name}: {value!r} not in {choices}")
     for name, (low, meaning) in AT_LEAST.items():
         value = getattr(a, name)
-        if not value >= low:
+        if value is not None and not value >= low:  # None: unset, resolved later
             raise ValueError(f"{name}: must be >= {low}{meaning}, got {value}")
     _check_cache(a)
     _check_serving(a)

@@ -89,12 +89,12 @@ class ServerArgs:
         "for a GGUF checkpoint, else none. With --tp-size > 1 only none.",
         QUANTIZATION_CHOICES,
     )
-    dense_gemm_min_tokens: int = arg(
-        32,
-        "Quantized linears (int8, int4, gguf) also keep their weights dequantized to --dtype (2 bytes a "
-        "weight in bf16: +257 MiB for the embedded model) and multiply a batch of at least this many tokens "
-        "(prefill, extend, large decode batches) by them with a dense GEMM, several times faster than the "
-        "weight-only kernels there; smaller batches keep the quantized kernel. 0: never (saves the memory).",
+    dense_gemm_min_tokens: int | None = arg(
+        None,
+        "Quantized linears (int8, int4, gguf) also keep their weights dequantized to --dtype (+257 MiB in "
+        "bf16 for the embedded model) and multiply a batch of at least this many tokens (prefill, extend, "
+        "large decode batches) by them with a dense GEMM; smaller batches keep the quantized kernel. Unset: "
+        "16 in bf16 on a CPU with AMX (oneDNN multiplies on AMX tiles), else 32. 0: never (saves the memory).",
     )
     dense_gemm_int8: bool = arg(
         False,

@@ -99,12 +99,26 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# The batch size from which quantized linears multiply by their dense copy (``--dense-gemm-min-tokens``
+# unset): 32, or 16 in bf16 on a CPU with AMX. There oneDNN's bf16 GEMM runs on AMX tiles while radixrt's int4
+# kernel is bound by its AVX512-BF16 dot products at 16 rows (~60 GFLOP/s a core): a 16-stream decode of the
+# embedded model ran 1.4-1.9x faster through the copy, 8 streams alike (docs/cpu.md).
+DENSE_MIN_TOKENS = 32
+DENSE_MIN_TOKENS_AMX = 16
+
+
+def default_dense_min_tokens(dtype: torch.dtype, device: torch.device) -> int:
+    """``--dense-gemm-min-tokens`` when unset, for a model in ``dtype`` on ``device``."""
+    amx = device.type == "cpu" and dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported()
+    return DENSE_MIN_TOKENS_AMX if amx else DENSE_MIN_TOKENS
+
+
 def apply_quantization(
     model: LlamaForCausalLM,
     method: str,
     model_dir: Path,
     gguf_file: Path | None,
-    dense_min_tokens: int = 0,
+    dense_min_tokens: int | None = 0,
     int4_kernel: str = "auto",
     dense_int8: bool = False,
 ) -> None:
@@ -113,7 +127,8 @@ def apply_quantization(
     Scales are stored in the model's dtype, so the kernels never cast them at run time (bf16: the fast
     vectorized kernels; float32: exact, but torch's fp32 weight-only kernels are scalar and slow).
     ``dense_min_tokens`` > 0: the quantized linears also keep their dequantized weights for batches of at
-    least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``).
+    least that many tokens (`radixrt.layers.keep_dense_weights`; ``--dense-gemm-min-tokens``); None:
+    `default_dense_min_tokens`.
     ``int4_kernel`` "auto": int4 linears run radixrt's kernel where it can run here, AVX512-BF16 in bf16,
     AVX2 in float32 (where int8 linears use it too; ``--int4-kernel``; the reason is logged where it
     cannot); "torch": torch's kernels. ``dense_int8``: the
@@ -131,6 +146,8 @@ def apply_quantization(
         _load_gguf_linears(model, model_dir, gguf_file)
     if int4_kernel == "auto" and model.config.dtype in (torch.bfloat16, torch.float32):
         _use_int4_kernel(model, model.config.dtype)
+    if dense_min_tokens is None:
+        dense_min_tokens = default_dense_min_tokens(model.config.dtype, next(model.parameters()).device)
     if dense_min_tokens > 0:
         t0 = time.perf_counter()
         kept = keep_dense_weights(model, dense_min_tokens, dense_int8)
