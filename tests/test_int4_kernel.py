@@ -226,3 +226,48 @@ def test_engine_in_bf16_is_as_close_to_fp32_as_torch_kernel() -> None:
     theirs = float((scores["torch"] - scores["fp32"]).abs().mean())
     assert len(scores["fp32"]) > 30
     assert ours <= 1.25 * theirs + 0.01, (ours, theirs)
+
+
+@pytest.mark.skipif(int4_gemm.amx_min_rows() is None, reason="the int4 kernel has no AMX tile path here")
+@pytest.mark.parametrize(("n_planes", "n", "k", "group"), [(1, 960, 576, 32), (2, 40, 704, 64), (1, 48, 512, 128)])
+def test_amx_tiles_and_avx512_paths_agree(n_planes: int, n: int, k: int, group: int) -> None:
+    """On a CPU with AMX, the tile path (every batch size forced onto it) and the AVX512-BF16 path (forced
+    off) both meet the exact product's bound for int4 planes and 8-bit codes, rows 1-40 (row passes of 16,
+    odd group counts), and agree with each other to fp32 summation order."""
+    codes, scales, zeros = _weights(n_planes, n, k, group, seed=n + k)
+    packed = int4_gemm.pack(codes, scales, zeros, group)
+    w = _dequantized(codes, scales, zeros, group)
+    u = torch.randint(0, 256, (n, k), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
+    s8 = scales[0] * 0.1
+    w8 = int4_gemm.pack_u8(u, s8, zeros[0], group)
+    ref8 = (u.double().view(n, k // group, group) - 136) * s8.double()[..., None] + zeros[0].double()[..., None]
+    default = int4_gemm.amx_min_rows()
+    assert default == int4_gemm.AMX_MIN_ROWS_DEFAULT
+    try:
+        for m in (1, 2, 3, 15, 16, 17, 40):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+            out = {}
+            for rows in (1, 0):  # the tiles, then AVX512-BF16
+                torch.ops.radixrt_int4.amx_rows(rows)
+                out[rows] = (int4_gemm.int4_mm(x, packed), int4_gemm.u8_mm(x, w8))
+                _check_close(out[rows][0], x, w)
+                _check_close(out[rows][1], x, ref8.view(n, k))
+            for tiles, avx in zip(out[1], out[0], strict=True):
+                torch.testing.assert_close(tiles.float(), avx.float(), rtol=2**-7, atol=1e-5)
+    finally:
+        torch.ops.radixrt_int4.amx_rows(default)
+
+
+def test_amx_threshold_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad RADIXRT_INT4_AMX_MIN_ROWS is a ValueError naming the variable; 0 turns the tile path off."""
+    for bad in ("many", "-2"):
+        monkeypatch.setenv(int4_gemm.AMX_ENV, bad)
+        with pytest.raises(ValueError, match=int4_gemm.AMX_ENV):
+            int4_gemm._configure_amx()
+    monkeypatch.setenv(int4_gemm.AMX_ENV, "0")
+    try:
+        int4_gemm._configure_amx()
+        assert int4_gemm.amx_min_rows() is None
+    finally:
+        monkeypatch.delenv(int4_gemm.AMX_ENV)
+        int4_gemm._configure_amx()

@@ -107,10 +107,20 @@ DENSE_MIN_TOKENS = 32
 DENSE_MIN_TOKENS_AMX = 16
 
 
-def default_dense_min_tokens(dtype: torch.dtype, device: torch.device) -> int:
-    """``--dense-gemm-min-tokens`` when unset, for a model in ``dtype`` on ``device``."""
+def _int4_tiles() -> bool:
+    """Whether radixrt's bf16 int4 kernel runs decode-sized batches on AMX tiles here."""
+    from radixrt.kernels import int4_gemm
+
+    return int4_gemm.amx_min_rows() is not None
+
+
+def default_dense_min_tokens(dtype: torch.dtype, device: torch.device, int4_tiles: bool = False) -> int:
+    """``--dense-gemm-min-tokens`` when unset, for a model in ``dtype`` on ``device``: `DENSE_MIN_TOKENS`, or
+    `DENSE_MIN_TOKENS_AMX` in bf16 on an AMX CPU unless the int4 kernel multiplies on the tiles too
+    (``int4_tiles``): its AVX512-BF16 dots are slower than the dense copy's AMX GEMM from 16 rows, its tile
+    path is faster up to ~32 (``python -m benchmarks.int4_gemm``)."""
     amx = device.type == "cpu" and dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported()
-    return DENSE_MIN_TOKENS_AMX if amx else DENSE_MIN_TOKENS
+    return DENSE_MIN_TOKENS_AMX if amx and not int4_tiles else DENSE_MIN_TOKENS
 
 
 def apply_quantization(
@@ -147,7 +157,8 @@ def apply_quantization(
     if int4_kernel == "auto" and model.config.dtype in (torch.bfloat16, torch.float32):
         _use_int4_kernel(model, model.config.dtype)
     if dense_min_tokens is None:
-        dense_min_tokens = default_dense_min_tokens(model.config.dtype, next(model.parameters()).device)
+        tiles = int4_kernel == "auto" and model.config.dtype == torch.bfloat16 and _int4_tiles()
+        dense_min_tokens = default_dense_min_tokens(model.config.dtype, next(model.parameters()).device, tiles)
     if dense_min_tokens > 0:
         t0 = time.perf_counter()
         kept = keep_dense_weights(model, dense_min_tokens, dense_int8)

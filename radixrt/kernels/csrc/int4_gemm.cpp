@@ -1,4 +1,5 @@
-// Weight-only int4 GEMM for small batches on AVX512-BF16: y[M, N] = x[M, K] (bf16) @ W.T, where W is stored
+// Weight-only int4 GEMM for small batches on AVX512-BF16 (and on AMX tiles where the CPU has them:
+// int4_gemm_amx.h): y[M, N] = x[M, K] (bf16) @ W.T, where W is stored
 // as 4-bit codes per group of G input columns with a float scale and zero per (column, group) and plane:
 // W[n, k] = sum_p (q_p[n, k] - 8) * s_p[n, g] + z_p[n, g].
 //
@@ -240,6 +241,39 @@ void run_gemm(const uint16_t* xp, int64_t m, int64_t k, int64_t group_size, cons
   }
 }
 
+}  // namespace
+
+#include "int4_gemm_amx.h"
+
+namespace {
+
+// Batches of at least this many rows run on AMX tiles (where compiled in and granted; 0: never). Python sets
+// it at load (radixrt/kernels/int4_gemm.py: AMX_MIN_ROWS_DEFAULT, RADIXRT_INT4_AMX_MIN_ROWS).
+int64_t g_amx_min_rows = 3;
+
+bool use_amx(int64_t m, int64_t group_size) {
+#ifdef RADIXRT_INT4_AMX
+  return g_amx_min_rows > 0 && m >= g_amx_min_rows && group_size % 32 == 0 && amx::request_tiles();
+#else
+  (void)m;
+  (void)group_size;
+  return false;
+#endif
+}
+
+// The AMX row threshold: sets it when `rows` >= 0 (0: off) and returns the one in force; -1 where this build or
+// this process cannot use AMX tiles.
+int64_t amx_rows(int64_t rows) {
+#ifdef RADIXRT_INT4_AMX
+  if (!amx::request_tiles()) return -1;
+  if (rows >= 0) g_amx_min_rows = rows;
+  return g_amx_min_rows;
+#else
+  (void)rows;
+  return -1;
+#endif
+}
+
 void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op,
               ": x must be a contiguous 2-D bfloat16 tensor");
@@ -266,6 +300,15 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
               "radixrt_int4::mm: codes / scales do not match x's K and the group size");
   at::Tensor out = at::empty({m, nblocks * 16}, x.options());
   if (m == 0 || nblocks == 0) return out;
+#ifdef RADIXRT_INT4_AMX
+  if (use_amx(m, group_size)) {
+    amx::gemm<false, uint16_t>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
+                               codes.data_ptr<uint8_t>(), (k / 4) * 32,
+                               reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>()), groups * 32, planes,
+                               nblocks, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+    return out;
+  }
+#endif
   run_gemm<uint16_t, Int4Kernel>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
                                  codes.data_ptr<uint8_t>(), (k / 4) * 32,
                                  reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>()), groups * 32,
@@ -287,6 +330,14 @@ at::Tensor u8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
               "radixrt_int4::mm_u8: codes / scales do not match x's K and the group size");
   at::Tensor out = at::empty({m, nblocks * 16}, x.options());
   if (m == 0 || nblocks == 0) return out;
+#ifdef RADIXRT_INT4_AMX
+  if (use_amx(m, group_size)) {
+    amx::gemm<true, float>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
+                           codes.data_ptr<uint8_t>(), (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
+                           reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+    return out;
+  }
+#endif
   run_gemm<float, U8Kernel>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
                             codes.data_ptr<uint8_t>(), (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
                             reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
@@ -376,6 +427,7 @@ TORCH_LIBRARY(radixrt_int4, m) {
   m.def("mm_u8(Tensor x, Tensor codes, Tensor sz, int group_size) -> Tensor");
   m.def("quant_rows(Tensor x) -> (Tensor, Tensor)");
   m.def("dequant_rows(Tensor acc, Tensor sx, Tensor ws) -> Tensor");
+  m.def("amx_rows(int rows) -> int");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) {
@@ -384,3 +436,5 @@ TORCH_LIBRARY_IMPL(radixrt_int4, CPU, m) {
   m.impl("quant_rows", &quant_rows);
   m.impl("dequant_rows", &dequant_rows);
 }
+
+TORCH_LIBRARY_IMPL(radixrt_int4, CatchAll, m) { m.impl("amx_rows", &amx_rows); }
