@@ -80,9 +80,15 @@ def main() -> None:
         for m in map(int, ns.batches.split(",")):
             x = torch.randn(m, k, generator=g).bfloat16()
             t = {
-                "radixrt int4": _time(_amx(0)(lambda x=x, w=ours: int4_gemm.int4_mm(x, w)), ns.calls, ns.windows),
+                "radixrt int4": _time(
+                    _amx(0)(lambda x=x, w=ours: int4_gemm.int4_mm(x, w)), ns.calls, ns.windows
+                ),
                 **(
-                    {"radixrt int4 amx": _time(_amx(1)(lambda x=x, w=ours: int4_gemm.int4_mm(x, w)), ns.calls, ns.windows)}
+                    {
+                        "radixrt int4 amx": _time(
+                            _amx(1)(lambda x=x, w=ours: int4_gemm.int4_mm(x, w)), ns.calls, ns.windows
+                        )
+                    }
                     if amx
                     else {}
                 ),
@@ -105,7 +111,9 @@ def main() -> None:
     head = _head(ns, amx)
     if ns.out is not None:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
-        ns.out.write_text(json.dumps({"threads": ns.threads, "amx": amx, "rows": rows, "head": head}, indent=1))
+        ns.out.write_text(
+            json.dumps({"threads": ns.threads, "amx": amx, "rows": rows, "head": head}, indent=1)
+        )
         print(f"wrote {ns.out}")
 
 
@@ -114,7 +122,9 @@ def _head(ns: argparse.Namespace, amx: bool) -> list[dict[str, Any]]:
     n, k = HEAD
     g = torch.Generator().manual_seed(n)
     u = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
-    w8 = int4_gemm.pack_u8(u, torch.rand(n, k // 32, generator=g) * 0.01, torch.randn(n, k // 32, generator=g), 32)
+    w8 = int4_gemm.pack_u8(
+        u, torch.rand(n, k // 32, generator=g) * 0.01, torch.randn(n, k // 32, generator=g), 32
+    )
     dense = torch.randn(n, k, generator=g).bfloat16()
     out: list[dict[str, Any]] = []
     print(f"\nLM head {n}x{k}, ms per call:")

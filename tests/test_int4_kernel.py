@@ -229,7 +229,9 @@ def test_engine_in_bf16_is_as_close_to_fp32_as_torch_kernel() -> None:
 
 
 @pytest.mark.skipif(int4_gemm.amx_min_rows() is None, reason="the int4 kernel has no AMX tile path here")
-@pytest.mark.parametrize(("n_planes", "n", "k", "group"), [(1, 960, 576, 32), (2, 40, 704, 64), (1, 48, 512, 128)])
+@pytest.mark.parametrize(
+    ("n_planes", "n", "k", "group"), [(1, 960, 576, 32), (2, 40, 704, 64), (1, 48, 512, 128)]
+)
 def test_amx_tiles_and_avx512_paths_agree(n_planes: int, n: int, k: int, group: int) -> None:
     """On a CPU with AMX, the tile path (every batch size forced onto it) and the AVX512-BF16 path (forced
     off) both meet the exact product's bound for int4 planes and 8-bit codes, rows 1-40 (row passes of 16,
@@ -240,7 +242,9 @@ def test_amx_tiles_and_avx512_paths_agree(n_planes: int, n: int, k: int, group: 
     u = torch.randint(0, 256, (n, k), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
     s8 = scales[0] * 0.1
     w8 = int4_gemm.pack_u8(u, s8, zeros[0], group)
-    ref8 = (u.double().view(n, k // group, group) - 136) * s8.double()[..., None] + zeros[0].double()[..., None]
+    ref8 = (u.double().view(n, k // group, group) - 136) * s8.double()[..., None] + zeros[0].double()[
+        ..., None
+    ]
     default = int4_gemm.amx_min_rows()
     assert default == int4_gemm.AMX_MIN_ROWS_DEFAULT
     try:

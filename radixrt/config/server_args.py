@@ -94,7 +94,7 @@ class ServerArgs:
         "Quantized linears (int8, int4, gguf) also keep their weights dequantized to --dtype (+257 MiB in "
         "bf16 for the embedded model) and multiply a batch of at least this many tokens (prefill, extend, "
         "large decode batches) by them with a dense GEMM; smaller batches keep the quantized kernel. Unset: "
-        "16 in bf16 on a CPU with AMX (oneDNN multiplies on AMX tiles), else 32. 0: never (saves the memory).",
+        "16 in bf16 on a CPU with AMX where the int4 kernel cannot use the tiles, else 32. 0: never.",
     )
     dense_gemm_int8: bool = arg(
         False,

@@ -45,7 +45,17 @@ from radixrt.kernels.native_build import compile_atomically, cpu_signature
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Int4Packed", "U8Packed", "amx_min_rows", "available", "int4_mm", "pack", "pack_u8", "u8_mm", "unavailable_reason"]
+__all__ = [
+    "Int4Packed",
+    "U8Packed",
+    "amx_min_rows",
+    "available",
+    "int4_mm",
+    "pack",
+    "pack_u8",
+    "u8_mm",
+    "unavailable_reason",
+]
 
 CSRC = Path(__file__).parent / "csrc"
 AMX_ENV = "RADIXRT_INT4_AMX_MIN_ROWS"
@@ -58,7 +68,12 @@ class _Library:
     """One natively built operator library: its source, the CPU flags it needs and its load state."""
 
     def __init__(
-        self, source: str, namespace: str, cpu_flags: tuple[str, ...], what: str, headers: tuple[str, ...] = ()
+        self,
+        source: str,
+        namespace: str,
+        cpu_flags: tuple[str, ...],
+        what: str,
+        headers: tuple[str, ...] = (),
     ) -> None:
         self.source = CSRC / source
         self.headers = tuple(CSRC / h for h in headers)

@@ -158,7 +158,9 @@ def apply_quantization(
         _use_int4_kernel(model, model.config.dtype)
     if dense_min_tokens is None:
         tiles = int4_kernel == "auto" and model.config.dtype == torch.bfloat16 and _int4_tiles()
-        dense_min_tokens = default_dense_min_tokens(model.config.dtype, next(model.parameters()).device, tiles)
+        dense_min_tokens = default_dense_min_tokens(
+            model.config.dtype, next(model.parameters()).device, tiles
+        )
     if dense_min_tokens > 0:
         t0 = time.perf_counter()
         kept = keep_dense_weights(model, dense_min_tokens, dense_int8)
