@@ -28,17 +28,11 @@ HEAD = (49152, 576)
 LAYERS = 30
 
 
-def _amx(rows: int) -> Any:
-    """Run ``fn`` with the int4 kernel's AMX row threshold at ``rows`` (0: the AVX512-BF16 path)."""
-
-    def wrap(fn: Any) -> Any:
-        def run() -> Any:
-            torch.ops.radixrt_int4.amx_rows(rows)
-            return fn()
-
-        return run
-
-    return wrap
+def _time_amx(rows: int, fn: Any, calls: int, windows: int) -> float:
+    """`_time` with the int4 kernel's AMX row threshold at ``rows`` (0: the AVX512-BF16 path), set once
+    before the timing windows."""
+    torch.ops.radixrt_int4.amx_rows(rows)
+    return _time(fn, calls, windows)
 
 
 def _time(fn: Any, calls: int, windows: int) -> float:
@@ -80,13 +74,13 @@ def main() -> None:
         for m in map(int, ns.batches.split(",")):
             x = torch.randn(m, k, generator=g).bfloat16()
             t = {
-                "radixrt int4": _time(
-                    _amx(0)(lambda x=x, w=ours: int4_gemm.int4_mm(x, w)), ns.calls, ns.windows
+                "radixrt int4": _time_amx(
+                    0, lambda x=x, w=ours: int4_gemm.int4_mm(x, w), ns.calls, ns.windows
                 ),
                 **(
                     {
-                        "radixrt int4 amx": _time(
-                            _amx(1)(lambda x=x, w=ours: int4_gemm.int4_mm(x, w)), ns.calls, ns.windows
+                        "radixrt int4 amx": _time_amx(
+                            1, lambda x=x, w=ours: int4_gemm.int4_mm(x, w), ns.calls, ns.windows
                         )
                     }
                     if amx
@@ -109,6 +103,8 @@ def main() -> None:
         print(f"  M={m:<3} " + "  ".join(f"{key} {v:6.2f}" for key, v in per.items())
               + f"  (torch / radixrt {per['torch int4'] / per['radixrt int4']:.2f}x)")  # fmt: skip
     head = _head(ns, amx)
+    if amx:
+        torch.ops.radixrt_int4.amx_rows(int4_gemm.AMX_MIN_ROWS_DEFAULT)
     if ns.out is not None:
         ns.out.parent.mkdir(parents=True, exist_ok=True)
         ns.out.write_text(
@@ -131,9 +127,9 @@ def _head(ns: argparse.Namespace, amx: bool) -> list[dict[str, Any]]:
     for m in map(int, ns.batches.split(",")):
         x = torch.randn(m, k, generator=g).bfloat16()
         calls = max(ns.calls // 10, 5)
-        t = {"radixrt u8": _time(_amx(0)(lambda x=x: int4_gemm.u8_mm(x, w8)), calls, ns.windows)}
+        t = {"radixrt u8": _time_amx(0, lambda x=x: int4_gemm.u8_mm(x, w8), calls, ns.windows)}
         if amx:
-            t["radixrt u8 amx"] = _time(_amx(1)(lambda x=x: int4_gemm.u8_mm(x, w8)), calls, ns.windows)
+            t["radixrt u8 amx"] = _time_amx(1, lambda x=x: int4_gemm.u8_mm(x, w8), calls, ns.windows)
         t["dense bf16"] = _time(lambda x=x: F.linear(x, dense), calls, ns.windows)
         out.append({"m": m, **{f"{key} ms": v * 1e3 for key, v in t.items()}})
         print(f"  M={m:<3} " + "  ".join(f"{key} {v * 1e3:6.2f}" for key, v in t.items()), flush=True)

@@ -13,9 +13,9 @@ registered torch operators (not ctypes calls), so the compiled decode graphs cal
 
 On a CPU with AMX (Sapphire Rapids and later) the bf16 kernel runs batches of at least
 `AMX_MIN_ROWS_DEFAULT` rows on AMX tiles (``csrc/int4_gemm_amx.h``: the same arithmetic, the dot of a group on
-one ``tdpbf16ps``): at 8 and 16 rows one decode step's GEMMs take 7.2 and 8.9 ms instead of 21 and 41 on
-2 cores, below the dense bf16 weights' 12.6 and 13.3 (``python -m benchmarks.int4_gemm``); at 1-2 rows the
-AVX512-BF16 path is as fast or faster. ``RADIXRT_INT4_AMX_MIN_ROWS`` sets the threshold (0: never).
+one ``tdpbf16ps``): at 8 and 16 rows one decode step's GEMMs take 4.4 and 5.1 ms instead of 11.4 and 21.5
+on 2 cores, below the dense bf16 weights' 8.2 and 9.5 (``python -m benchmarks.int4_gemm``, docs/cpu.md); at
+1-2 rows the AVX512-BF16 path is as fast or faster. ``RADIXRT_INT4_AMX_MIN_ROWS`` sets the threshold (0: never).
 
 Each library is compiled on first use with g++ against torch's headers (~20 s, with a log line) into
 ``radixrt.config.cache_dir.cache_dir() / "kernels"``, keyed by the source, compiler, flags, torch version and

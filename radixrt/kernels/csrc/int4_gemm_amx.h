@@ -22,6 +22,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
+#include <utility>
+
 #define RADIXRT_INT4_AMX 1
 
 namespace amx {
@@ -169,26 +172,16 @@ template <bool U8, typename SzT>
 using AmxBlockFn = void (*)(const uint16_t*, int64_t, const float*, int64_t, int64_t, const uint8_t*, int64_t,
                             const SzT*, int64_t, int64_t, uint16_t*, int64_t);
 
+template <bool U8, typename SzT, size_t... I>
+constexpr std::array<AmxBlockFn<U8, SzT>, sizeof...(I)> block_table(std::index_sequence<I...>) {
+  return {&block<static_cast<int>(I) + 1, U8, SzT>...};
+}
+
+// The block kernel for a pass of `rows` (1-16) rows.
 template <bool U8, typename SzT>
 AmxBlockFn<U8, SzT> block_for(int rows) {
-  switch (rows) {
-    case 1: return block<1, U8, SzT>;
-    case 2: return block<2, U8, SzT>;
-    case 3: return block<3, U8, SzT>;
-    case 4: return block<4, U8, SzT>;
-    case 5: return block<5, U8, SzT>;
-    case 6: return block<6, U8, SzT>;
-    case 7: return block<7, U8, SzT>;
-    case 8: return block<8, U8, SzT>;
-    case 9: return block<9, U8, SzT>;
-    case 10: return block<10, U8, SzT>;
-    case 11: return block<11, U8, SzT>;
-    case 12: return block<12, U8, SzT>;
-    case 13: return block<13, U8, SzT>;
-    case 14: return block<14, U8, SzT>;
-    case 15: return block<15, U8, SzT>;
-    default: return block<16, U8, SzT>;
-  }
+  static constexpr auto table = block_table<U8, SzT>(std::make_index_sequence<16>{});
+  return table[std::min(rows, 16) - 1];
 }
 
 // y = x @ W.T on tiles: `code_block_stride` / `sz_block_stride` the bytes / values of one 16-column block of
