@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from server_harness import REPO, ServerProcess, free_port
 
 from radixrt.config.server_args import ServerArgs
 from radixrt.entrypoints.launch_server import check_launch_args, main
+from radixrt.worker.tp_follower import start_until_stopped
 from tests.engine_fixtures import prompts_of
 from tests.hf_reference import hf_greedy
 
@@ -98,6 +100,38 @@ def test_follower_node_stops_on_sigterm(tiny_llama: Path, tmp_path: Path) -> Non
     assert _wait_exit(node1, 20, log) == 0
     time.sleep(0.2)
     assert not [pid for pid in followers if os.path.exists(f"/proc/{pid}")]
+
+
+class _Rank:
+    """A stand-in follower process whose ``start()`` is interrupted by a stop signal, the way a SIGTERM
+    lands while multiprocessing still writes a spawned child's data: the handler sees no live process."""
+
+    def __init__(self, stopped: threading.Event, signal_inside_start: bool) -> None:
+        self.stopped, self.signal_inside_start = stopped, signal_inside_start
+        self.started = self.terminated = False
+
+    def start(self) -> None:
+        if self.signal_inside_start:
+            self.stopped.set()  # the handler runs here and finds nothing alive to terminate
+        self.started = True
+
+    def is_alive(self) -> bool:
+        return self.started and not self.terminated
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+
+def test_stop_signal_inside_start_still_ends_the_rank() -> None:
+    stopped = threading.Event()
+    ranks = [_Rank(stopped, signal_inside_start=True), _Rank(stopped, signal_inside_start=False)]
+    start_until_stopped(ranks, stopped)  # type: ignore[arg-type]
+    assert ranks[0].terminated  # started, then ended by the check after start()
+    assert not ranks[1].started  # never started once the stop arrived
+    calm = threading.Event()
+    both = [_Rank(calm, signal_inside_start=False) for _ in range(2)]
+    start_until_stopped(both, calm)  # type: ignore[arg-type]
+    assert all(r.started and not r.terminated for r in both)
 
 
 def test_launch_combinations_that_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
@@ -79,15 +81,33 @@ def run_node_followers(args: ServerArgs, model_path: str) -> int:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopped.set()
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+        _terminate_started(procs)
 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
+    start_until_stopped(procs, stopped)
     for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+        if p.pid is not None:
+            p.join()
     return 0 if stopped.is_set() else max(abs(p.exitcode or 0) for p in procs)
+
+
+def _terminate_started(procs: Sequence[BaseProcess]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+
+
+def start_until_stopped(procs: Sequence[BaseProcess], stopped: threading.Event) -> None:
+    """Start ``procs`` in order unless a stop signal arrived; one arriving while ``start()`` runs ends them.
+
+    NOTE: a spawned child exists (and shows in /proc) before ``start()`` returns, but ``is_alive()`` is
+    false until then, so a signal handler that fires inside ``start()`` cannot see that child; the check
+    after each ``start()`` terminates it."""
+    for p in procs:
+        if stopped.is_set():
+            break
+        p.start()
+        if stopped.is_set():
+            _terminate_started(procs)
