@@ -137,3 +137,34 @@ def test_a_chunked_prompt_streams_no_empty_events(tiny_llama: Path, engine_facto
     events = list(eng.generate(input_ids=ids, sampling_params=GREEDY, stream=True))
     assert [len(e["output_ids"]) for e in events] == list(range(1, GREEDY["max_new_tokens"] + 1))
     assert events[-1]["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_batch_attends_the_shared_prefix_once(
+    tiny_llama: Path, page_size: int, engine_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests decoding over one cached system prompt take the cascade (radixrt.kernels.cpu_cascade): the
+    prompt attended once for all of them; greedy ids equal the engine without it and HF's."""
+    from radixrt.kernels import cpu_cascade
+
+    calls: list[int] = []
+    real = cpu_cascade.cascade_decode_attention
+
+    def spy(q, k_buf, v_buf, plan, scale):  # type: ignore[no-untyped-def]
+        calls.append(int(plan.sharing.sum()))
+        return real(q, k_buf, v_buf, plan, scale)
+
+    monkeypatch.setattr(cpu_cascade, "cascade_decode_attention", spy)
+    monkeypatch.setenv(cpu_cascade.CASCADE_ENV, "1")
+    on = engine_factory(tiny_llama, page_size=page_size)
+    monkeypatch.setenv(cpu_cascade.CASCADE_ENV, "0")
+    off = engine_factory(tiny_llama, page_size=page_size)
+    system, prompts = shared_prompts(90, 5, 7, seed=12)
+    on.generate(input_ids=system + [11], sampling_params={**GREEDY, "max_new_tokens": 1})
+    got = on.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert calls and max(calls) == 5, calls
+    n_on = len(calls)
+    ref = off.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert len(calls) == n_on  # the engine without it never called it
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in ref]
+    assert got[0]["output_ids"] == hf_greedy(tiny_llama, prompts[0], GREEDY["max_new_tokens"])

@@ -63,6 +63,8 @@ _SYMBOLS = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f3
 # The float8 variants take four more: q_bf16 (the query / output dtype), kv_kind (FP8_KINDS), k_scale, v_scale.
 _FP8_EXTRA = [ctypes.c_int, ctypes.c_int, _P, _P]
 FP8_KINDS = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}  # KV_E4M3, KV_E5M2 of paged_simd.h
+# paged_decode_prefixed takes three more: q_bf16, prefix_out, prefix_lse (radixrt.kernels.cpu_cascade).
+_PREFIX_EXTRA = [ctypes.c_int, _P, _P]
 # store_kv_e4m3: k, k_stride, v, v_stride, src_bf16, T, KVH, D, k_scale, k_offset, v_scale, k_buf, v_buf, slots,
 # num_slots -> status (kv_store_fp8.c).
 _STORE_ARGTYPES = [_P, _I64, _P, _I64, ctypes.c_int, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _I64]
@@ -90,6 +92,7 @@ class Kernels:
     decode: dict[torch.dtype, Kernel]
     extend: dict[torch.dtype, Kernel]
     decode_fp8: Kernel
+    decode_prefixed: Kernel
     extend_fp8: Kernel
     store_e4m3: Kernel
 
@@ -155,6 +158,7 @@ def load_library(flags: tuple[str, ...] = FLAGS) -> Kernels:
         decode=bind(_SYMBOLS, _ARGTYPES),
         extend=bind(_EXTEND_SYMBOLS, _EXTEND_ARGTYPES),
         decode_fp8=bind_one("paged_decode_fp8", _ARGTYPES + _FP8_EXTRA),
+        decode_prefixed=bind_one("paged_decode_prefixed", _ARGTYPES + _PREFIX_EXTRA),
         extend_fp8=bind_one("paged_extend_fp8", _EXTEND_ARGTYPES + _FP8_EXTRA),
         store_e4m3=bind_one("store_kv_e4m3", _STORE_ARGTYPES),
     )
@@ -226,6 +230,21 @@ def fp8_extra_args(
     return [int(q.dtype == torch.bfloat16), FP8_KINDS[k_buf.dtype], *ptrs], keep
 
 
+def _prefix_args(
+    q: torch.Tensor, k_buf: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor]
+) -> list[int]:
+    """paged_decode_prefixed's three extra arguments (q_bf16, prefix out and lse pointers), checked."""
+    out, lse = prefix
+    B, H, D = q.shape
+    KVH = k_buf.shape[1] if k_buf.dim() == 3 else 0
+    G = H // KVH if KVH and H % KVH == 0 else 0
+    if not (out.is_cpu and out.dtype == q.dtype and out.is_contiguous() and out.numel() == KVH * B * G * D):
+        raise _bad("prefix", f"out must be a contiguous [KVH, B, G, D] {q.dtype} CPU tensor")
+    if not (lse.is_cpu and lse.dtype == torch.float32 and lse.is_contiguous() and lse.numel() == KVH * B * G):
+        raise _bad("prefix", "lse must be a contiguous [KVH, B, G] float32 CPU tensor")
+    return [int(q.dtype == torch.bfloat16), out.data_ptr(), lse.data_ptr()]
+
+
 def _diagnose(
     q: object, k_buf: object, v_buf: object, slot_table: object, seq_lens: object, window: object, out: object
 ) -> ValueError:
@@ -292,6 +311,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Decode attention of one query token per request over its KV slots, read from the pool in place.
 
@@ -311,6 +331,10 @@ def paged_decode_attention(
         out: optional contiguous ``[B, H, D]`` tensor of ``q``'s dtype to write (not overlapping inputs).
         k_scale, v_scale: float8 buffers only: float32 dequantization scales, ``k_scale`` ``[KVH]`` or
             ``[KVH, D]`` (per channel), ``v_scale`` ``[KVH]``; None reads the codes as they are.
+        prefix: ``(out, lse)``, attention already computed over positions before the slots given here
+            (`radixrt.kernels.cpu_cascade`): contiguous ``[KVH, B, G, D]`` of ``q``'s dtype and ``[KVH, B, G]``
+            float32 log-sum-exp (-inf: nothing), ``G = H // KVH``, merged into each request's softmax;
+            bf16 / f32 buffers and no window only, and every ``seq_lens[b] >= 1``.
 
     Returns:
         ``[B, H, D]`` contiguous tensor of ``q``'s dtype: ``softmax(scale * q k^T) v`` computed in float32
@@ -328,10 +352,20 @@ def paged_decode_attention(
         extra, _keep = fp8_extra_args("paged_decode_attention", q, k_buf, k_scale, v_scale)
     elif k_scale is not None or v_scale is not None:
         raise _bad("k_scale / v_scale", "apply to float8 buffers only")
+    if prefix is not None:
+        if extra or window:
+            raise _bad("prefix", "applies to bfloat16 / float32 buffers without a window only")
+        extra = _prefix_args(q, k_buf, prefix)
     # Fast path: one pass of cheap checks; _diagnose names the culprit when one fails.
     try:
-        fn = lib.decode[q.dtype] if not extra else lib.decode_fp8
-        kv_dtype = q.dtype if not extra else k_buf.dtype
+        fn = (
+            lib.decode_prefixed
+            if prefix is not None
+            else lib.decode[q.dtype]
+            if not extra
+            else lib.decode_fp8
+        )
+        kv_dtype = q.dtype if not extra or prefix is not None else k_buf.dtype
         B, H, D = q.shape
         num_slots, KVH, Dk = k_buf.shape
         qs = q.stride()
@@ -401,5 +435,7 @@ def paged_decode_attention(
     if status:
         if status == 3:
             raise MemoryError("paged_decode_attention: the kernel could not allocate its scratch memory")
+        if status == 1 and prefix is not None:
+            raise _bad("seq_lens", "with a prefix every entry must be in [1, slot_table.shape[1]]")
         raise ValueError(f"paged_decode_attention: {_STATUS_ERRORS.get(status, f'kernel status {status}')}")
     return out

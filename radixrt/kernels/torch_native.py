@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from radixrt.kernels import cpu_decode, cpu_extend
+from radixrt.kernels import cpu_cascade, cpu_decode, cpu_extend
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata, ForwardMode, KVStore
 from radixrt.kernels.fp8 import dequantize_fp8
 
@@ -110,6 +110,10 @@ class TorchNativeBackend(AttentionBackend):
         self.extend_kernel_max = extend_kernel_max_tokens() if use_extend_kernel is None else C_EXTEND_ALWAYS
         wanted = self.extend_kernel_max > 0 if use_extend_kernel is None else use_extend_kernel
         self.use_extend_kernel = wanted and self.use_decode_kernel
+        # Decode batches whose requests share a prefix of pool slots attend it once for all (cpu_cascade).
+        self.cascade_min = (
+            cpu_cascade.cascade_min_positions() if not self.kv_fp8 and sliding_window is None else 0
+        )
         # A speculative verify's short extends: one C decode query per token ("decode") or gather + SDPA over
         # each request's K/V once for all its new tokens ("sdpa"); the model runner times both at warm-up.
         self.verify_kernel = "decode"
@@ -134,6 +138,7 @@ class TorchNativeBackend(AttentionBackend):
         # for a short extend one row per new token (below).
         self._token_table: torch.Tensor | None = None
         self._split: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cascade: cpu_cascade.SharedPrefix | None = None
         self._extend_kernel = (
             self.use_extend_kernel and SMALL_EXTEND < md.max_extend_len <= self.extend_kernel_max
         )
@@ -141,6 +146,8 @@ class TorchNativeBackend(AttentionBackend):
             return  # the C kernel reads md's slot table, qo_indptr and seq_lens as they are
         if self.use_decode_kernel and md.max_extend_len == 1 and int(md.qo_indptr[-1]) == md.batch_size:
             self._token_table, self._token_lens = md.slot_table, md.seq_lens  # no mask or gather tables
+            if self.cascade_min:
+                self._cascade = cpu_cascade.plan_shared_prefix(md.slot_table, md.seq_lens, self.cascade_min)
             return
         short = self.use_decode_kernel and 1 < md.max_extend_len <= SMALL_EXTEND
         extend_lens = md.qo_indptr[1:] - md.qo_indptr[:-1]
@@ -233,6 +240,8 @@ class TorchNativeBackend(AttentionBackend):
                 )  # fmt: skip
             out[multi] = self._reference(q[multi], k_buf, v_buf, ks, vs)
             return out
+        if self._cascade is not None:
+            return cpu_cascade.cascade_decode_attention(q, k_buf, v_buf, self._cascade, self.scale)
         if self._token_table is not None:
             return cpu_decode.paged_decode_attention(
                 q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window,

@@ -368,17 +368,57 @@ static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slot
     }
 }
 
+/* A shared prefix attended elsewhere (paged_decode_prefixed): its normalized output and log-sum-exp per
+ * request and query head, laid out [KVH, B, G, D] and [KVH, B, G] (what SDPA returns for the queries of
+ * all requests grouped by kv head), merged into each request's state before the division. */
+typedef struct {
+    const void* out; /* q's dtype */
+    const float* lse; /* natural log of sum(exp(scale * q.k)) over the prefix */
+    int64_t B;
+} prefix_t;
+
+/* Prefix output of query head g of request b as the lane-order vectors of pair c (zero padded). */
+static void prefix_pair(const prefix_t* pre, int64_t b, int64_t g, int64_t G, int64_t c, int64_t D, int qbf16,
+                        int kt, vf* e, vf* o) {
+    const int64_t base = (((g / G) * pre->B + b) * G + g % G) * D;
+    for (int t = 0; t < VL; t++) {
+        const int64_t de = lane_dim(2 * c, t, kt), dn = lane_dim(2 * c + 1, t, kt);
+        (*e)[t] = de >= D ? 0.0f
+                  : qbf16 ? bf16_to_f32(((const uint16_t*)pre->out)[base + de])
+                          : ((const float*)pre->out)[base + de];
+        (*o)[t] = dn >= D ? 0.0f
+                  : qbf16 ? bf16_to_f32(((const uint16_t*)pre->out)[base + dn])
+                          : ((const float*)pre->out)[base + dn];
+    }
+}
+
 /* out rows of request b = acc / l (times the kv head's V scale, when v_scale), undoing the lane order of
- * load_pair; G query heads per kv head. */
+ * load_pair; G query heads per kv head. With pre, the prefix's (lse, out) is merged in first. */
 static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int qbf16, int kt, int64_t G,
-                     const float* v_scale) {
+                     const float* v_scale, const prefix_t* pre) {
     const int64_t NP = (D + 31) / 32, NV = 2 * NP;
     for (int64_t g = 0; g < H; g++) {
-        float inv_l = st.l[g] > 0.0f ? 1.0f / st.l[g] : 0.0f;
+        float a = 1.0f, cp = 0.0f, l = st.l[g];
+        if (pre) {
+            const float mp = pre->lse[((g / G) * pre->B + b) * G + g % G] * LOG2E;
+            const float m = st.m[g] > mp ? st.m[g] : mp;
+            a = exp2_nonpos(st.m[g] - m);
+            cp = exp2_nonpos(mp - m);
+            l = l * a + cp;
+        }
+        float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
         if (v_scale) inv_l *= v_scale[g / G];
         char* o = (char*)out + (b * H + g) * D * (qbf16 ? 2 : 4);
         for (int64_t c = 0; c < NP; c++) {
-            const vf e = st.acc[g * NV + 2 * c] * inv_l, od = st.acc[g * NV + 2 * c + 1] * inv_l;
+            vf e = st.acc[g * NV + 2 * c] * a, od = st.acc[g * NV + 2 * c + 1] * a;
+            if (pre) {
+                vf pe, po;
+                prefix_pair(pre, b, g, G, c, D, qbf16, kt, &pe, &po);
+                e += pe * cp;
+                od += po * cp;
+            }
+            e *= inv_l;
+            od *= inv_l;
             const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
             if (qbf16 && kt == KV_BF16) {
                 const vu word = (round_bf16_high(e) >> 16) | round_bf16_high(od);
@@ -474,6 +514,7 @@ typedef struct {
     int qbf16, kt;                  /* the query / output is bf16 (else f32); the K/V element kind */
     const float *k_scale, *v_scale; /* [KVH, D] and [KVH] dequantization scales, or NULL (1) */
     void* out;
+    const prefix_t* pre; /* or NULL */
     partial_t* partials; /* [2 * threads] */
     int err;
 } job_t;
@@ -532,7 +573,7 @@ static void run_range(job_t* job, int tid, int T) {
         accumulate(job->k_buf, job->v_buf, slots, p_hi - pos, job->num_slots, KVH, D, G, job->kt, st, ws,
                    &job->err);
         if (full) {
-            finalize(job->out, b, H, D, st, job->qbf16, job->kt, G, job->v_scale);
+            finalize(job->out, b, H, D, st, job->qbf16, job->kt, G, job->v_scale, job->pre);
         } else {
             rec[nrec].seg = b;
             nrec++;
@@ -545,7 +586,7 @@ static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, cons
                         int64_t num_slots, const int64_t* slot_table, int64_t table_stride,
                         int64_t table_width, const int64_t* seq_lens, int64_t B, int64_t H, int64_t KVH,
                         int64_t D, float scale, int64_t window, void* out, int nthreads, int qbf16, int kt,
-                        const float* k_scale, const float* v_scale) {
+                        const float* k_scale, const float* v_scale, const prefix_t* pre) {
     if (B <= 0 || H <= 0 || D <= 0 || KVH <= 0) return 0;
     const int64_t NV = 2 * ((D + 31) / 32), G = H / KVH;
     const size_t elem = qbf16 ? sizeof(uint16_t) : sizeof(float);
@@ -561,11 +602,12 @@ static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, cons
         const int64_t L = seq_lens[b];
         if (L < 0 || L > table_width) return 1;
         const int64_t eff = window > 0 && L > window ? window : L; /* its window starts at L - eff */
+        if (eff == 0 && pre) return 1; /* the caller leaves every request a position past the prefix */
         if (eff == 0) memset((char*)out + (size_t)(b * H * D) * elem, 0, (size_t)(H * D) * elem);
         cum[b + 1] = cum[b] + eff;
     }
     job_t job = {q, k_buf, v_buf, slot_table, seq_lens, cum, q_stride, num_slots, table_stride, B, H, KVH, D,
-                 cum[B], scale * LOG2E, qbf16, kt, k_scale, v_scale, out, (partial_t*)(book + cum_bytes), 0};
+                 cum[B], scale * LOG2E, qbf16, kt, k_scale, v_scale, out, pre, (partial_t*)(book + cum_bytes), 0};
     if (job.W * KVH < MIN_PARALLEL_ROWS) nt = 1;
     int used_threads = 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -583,14 +625,14 @@ static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, cons
         const partial_t* p = &job.partials[i];
         if (p->seg < 0) continue;
         if (p->seg != cur_seg) {
-            if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, qbf16, kt, G, v_scale);
+            if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, qbf16, kt, G, v_scale, pre);
             cur = p->st;
             cur_seg = p->seg;
         } else {
             state_merge(cur, p->st, H, NV);
         }
     }
-    if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, qbf16, kt, G, v_scale);
+    if (cur_seg >= 0) finalize(out, cur_seg, H, D, cur, qbf16, kt, G, v_scale, pre);
     return job.err;
 }
 
@@ -601,7 +643,7 @@ int paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_buf
                       int nthreads) {
     return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
                         seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads, 1,
-                        KV_BF16, NULL, NULL);
+                        KV_BF16, NULL, NULL, NULL);
 }
 
 int paged_decode_f32(const float* q, int64_t q_stride, const float* k_buf, const float* v_buf,
@@ -610,7 +652,7 @@ int paged_decode_f32(const float* q, int64_t q_stride, const float* k_buf, const
                      int64_t head_dim, float scale, int64_t window, float* out, int nthreads) {
     return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
                         seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads, 0,
-                        KV_F32, NULL, NULL);
+                        KV_F32, NULL, NULL, NULL);
 }
 
 /* Float8 K/V (kv_kind KV_E4M3 or KV_E5M2) with a bf16 (q_bf16 1) or f32 query and output; k_scale [KVH, D]
@@ -624,5 +666,20 @@ int paged_decode_fp8(const void* q, int64_t q_stride, const uint8_t* k_buf, cons
     if (kv_kind != KV_E4M3 && kv_kind != KV_E5M2) return 1;
     return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
                         seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
-                        q_bf16 != 0, kv_kind, k_scale, v_scale);
+                        q_bf16 != 0, kv_kind, k_scale, v_scale, NULL);
+}
+
+/* Cascade decode: each request's positions after a prefix that all share, merged with that prefix's
+ * attention computed elsewhere (one batched SDPA call for every request's queries): prefix_out [KVH, B, G, D]
+ * in q's dtype and prefix_lse [KVH, B, G] float32 (prefix_t). bf16 (q_bf16 1) or f32 q, K/V and output; the
+ * slot table and seq_lens describe the suffixes only, each at least one position (status 1 otherwise). */
+int paged_decode_prefixed(const void* q, int64_t q_stride, const void* k_buf, const void* v_buf, int64_t num_slots,
+                          const int64_t* slot_table, int64_t table_stride, int64_t table_width,
+                          const int64_t* seq_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+                          int64_t head_dim, float scale, int64_t window, void* out, int nthreads, int q_bf16,
+                          const void* prefix_out, const float* prefix_lse) {
+    const prefix_t pre = {prefix_out, prefix_lse, batch};
+    return paged_decode(q, q_stride, k_buf, v_buf, num_slots, slot_table, table_stride, table_width,
+                        seq_lens, batch, num_heads, num_kv_heads, head_dim, scale, window, out, nthreads,
+                        q_bf16 != 0, q_bf16 ? KV_BF16 : KV_F32, NULL, NULL, &pre);
 }
