@@ -76,6 +76,7 @@ def test_compiled_decode_matches_hf(
     path = request.getfixturevalue(arch)
     eng = engine_factory(path, disable_compile=False, compile_max_bs=4, compile_scope=scope)
     assert eng.worker.scheduler.runner.graph_runner.scope == scope
+    assert eng.worker.scheduler.runner.graph_runner.native is not None  # radixrt.kernels.decode_op
     seen = count_compiled(eng)
     prompts = prompts_of([5, 33, 17], seed=8)  # 3 requests: padded to bucket 4
     outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
@@ -193,3 +194,23 @@ def test_compile_scope_is_checked() -> None:
 
     with pytest.raises(ValueError, match="compile_scope"):
         DecodeGraphRunner(None, None, 4, "stack")  # type: ignore[arg-type]
+
+
+def test_python_attention_op_when_the_native_one_is_off(
+    tiny_llama: Path, engine_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RADIXRT_NATIVE_DECODE_OP=0 keeps the Python op in the graphs: same ids; a bad value names the variable."""
+    from radixrt.kernels import decode_op
+
+    monkeypatch.setenv(decode_op.NATIVE_ENV, "0")
+    eng = engine_factory(tiny_llama, disable_compile=False, compile_max_bs=4)
+    assert eng.worker.scheduler.runner.graph_runner.native is None
+    seen = count_compiled(eng)
+    prompts = prompts_of([5, 33, 17], seed=8)
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+    assert seen
+    monkeypatch.setenv(decode_op.NATIVE_ENV, "yes")
+    with pytest.raises(ValueError, match=decode_op.NATIVE_ENV):
+        decode_op.unavailable_reason()

@@ -168,3 +168,34 @@ def test_decode_batch_attends_the_shared_prefix_once(
     assert len(calls) == n_on  # the engine without it never called it
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in ref]
     assert got[0]["output_ids"] == hf_greedy(tiny_llama, prompts[0], GREEDY["max_new_tokens"])
+
+
+def test_compiled_decode_takes_the_cascade_natively(
+    tiny_llama: Path, engine_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled step's native op (radixrt.kernels.decode_op) runs the planned cascade: same ids as the
+    engine without cascades and as HF."""
+    from radixrt.kernels import cpu_cascade
+
+    plans: list[int] = []
+    real = cpu_cascade.plan_shared_prefix
+
+    def spy(table, lens, min_positions):  # type: ignore[no-untyped-def]
+        plan = real(table, lens, min_positions)
+        if plan is not None:
+            plans.append(int(plan.sharing.sum()))
+        return plan
+
+    monkeypatch.setattr(cpu_cascade, "plan_shared_prefix", spy)
+    monkeypatch.setenv(cpu_cascade.CASCADE_ENV, "1")
+    on = engine_factory(tiny_llama, disable_compile=False, compile_max_bs=8)
+    assert on.worker.scheduler.runner.graph_runner.native is not None
+    monkeypatch.setenv(cpu_cascade.CASCADE_ENV, "0")
+    off = engine_factory(tiny_llama, disable_compile=False, compile_max_bs=8)
+    system, prompts = shared_prompts(90, 6, 5, seed=13)
+    on.generate(input_ids=system + [11], sampling_params={**GREEDY, "max_new_tokens": 1})
+    got = on.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert plans and max(plans) == 6, plans  # padded to bucket 8: the two padding rows do not share
+    ref = off.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in ref]
+    assert got[0]["output_ids"] == hf_greedy(tiny_llama, prompts[0], GREEDY["max_new_tokens"])

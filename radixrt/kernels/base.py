@@ -142,6 +142,34 @@ class AttentionBackend(ABC):
         """Run TARGET_VERIFY forwards' attention with ``name`` (one of `verify_kernels`)."""
         raise ValueError(f"verify kernel: {type(self).__name__} has no choice of kernels ({name!r})")
 
+    def native_decode_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Every layer's K and V buffers when the compiled decode step may run this backend's decode attention
+        as the native op (`radixrt.kernels.decode_op`: it stores the rows and calls the C kernel itself);
+        None (the default) keeps the Python op."""
+        return None
+
+    def native_decode_step(self) -> NativeStep | None:
+        """After `init_forward_metadata` of a decode: the slot table, lengths and shared-prefix plan the native
+        op reads, or None when this step needs the Python path."""
+        return None
+
+
+class SharedRun(Protocol):
+    """A shared prefix of pool slots attended once for a decode batch (`radixrt.kernels.cpu_cascade`)."""
+
+    @property
+    def start(self) -> int: ...  # first slot of the run
+
+    @property
+    def length(self) -> int: ...  # slots (positions) in it
+
+    @property
+    def sharing(self) -> torch.Tensor: ...  # [B] bool: the requests that hold it
+
+
+# (slot table, seq_lens, shared prefix or None) of one decode step, for the native op.
+NativeStep = tuple[torch.Tensor, torch.Tensor, SharedRun | None]
+
 
 _BACKENDS: dict[str, str] = {
     "torch_native": "radixrt.kernels.torch_native:TorchNativeBackend",

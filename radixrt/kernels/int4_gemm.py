@@ -26,22 +26,14 @@ feature, no g++, a failed build); the quantized linears then keep torch's kernel
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils import cpp_extension
 
-from radixrt.config.cache_dir import cache_dir
-from radixrt.kernels.native_build import compile_atomically, cpu_signature
+from radixrt.kernels.torch_op_build import TorchOpLibrary
 
 logger = logging.getLogger(__name__)
 
@@ -60,98 +52,26 @@ __all__ = [
 CSRC = Path(__file__).parent / "csrc"
 AMX_ENV = "RADIXRT_INT4_AMX_MIN_ROWS"
 AMX_MIN_ROWS_DEFAULT = 3
-COMPILER = "g++"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
 
 
-class _Library:
-    """One natively built operator library: its source, the CPU flags it needs and its load state."""
-
-    def __init__(
-        self,
-        source: str,
-        namespace: str,
-        cpu_flags: tuple[str, ...],
-        what: str,
-        headers: tuple[str, ...] = (),
-    ) -> None:
-        self.source = CSRC / source
-        self.headers = tuple(CSRC / h for h in headers)
-        self.namespace = namespace
-        self.cpu_flags = cpu_flags
-        self.what = what
-        self.lock = threading.Lock()
-        self.state: dict[str, str | bool] = {}
-
-    def path(self, cc: str) -> Path:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-        key = hashlib.sha256()
-        for part in (
-            self.source.read_text(),
-            *(h.read_text() for h in self.headers),
-            version,
-            " ".join(FLAGS),
-            torch.__version__,
-            platform.machine(),
-            cpu_signature(),
-        ):
-            key.update(part.encode())
-            key.update(b"\0")
-        return cache_dir() / "kernels" / f"{self.source.stem}-{key.hexdigest()[:20]}.so"
-
-    def build(self, cc: str, target: Path) -> None:
-        includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-        libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
-        abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-        src = str(self.source)
-        proc = compile_atomically(lambda tmp: [cc, *FLAGS, abi, *includes, src, "-o", tmp, *libs], target)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"compiling {self.source.name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-            )
-
-    def load(self) -> None:
-        """Build (if not cached) and load the library once; records the reason when it cannot run."""
-        if "loaded" in self.state or "error" in self.state:
-            return
-        with self.lock:
-            if "loaded" in self.state or "error" in self.state:
-                return
-            flags = cpu_signature().split()
-            missing = [f for f in self.cpu_flags if f not in flags]
-            if missing:
-                self.state["error"] = f"the CPU has no {' / '.join(missing)}"
-                return
-            cc = shutil.which(COMPILER)
-            if cc is None:
-                self.state["error"] = f"{COMPILER} is not on PATH"
-                return
-            try:
-                path = self.path(cc)
-                if not path.is_file():
-                    logger.info("compiling radixrt's %s (first use here, ~20 s) into %s", self.what, path)
-                    t0 = time.perf_counter()
-                    self.build(cc, path)
-                    logger.info("compiled the %s in %.1f s", self.what, time.perf_counter() - t0)
-                torch.ops.load_library(str(path))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                self.state["error"] = f"building or loading {self.source.name} failed: {exc}"
-                return
-            _register_fake(self.namespace)
-            self.state["loaded"] = True
-            if self.namespace == "radixrt_int4":
-                _configure_amx()
-
-    def reason(self) -> str | None:
-        self.load()
-        err = self.state.get("error")
-        return None if err is None else str(err)
+def _on_load_bf16() -> None:
+    _register_fake("radixrt_int4")
+    _configure_amx()
 
 
-_BF16 = _Library(
-    "int4_gemm.cpp", "radixrt_int4", ("avx512_bf16",), "int4 GEMM kernel (bf16)", headers=("int4_gemm_amx.h",)
+_BF16 = TorchOpLibrary(
+    CSRC / "int4_gemm.cpp",
+    ("avx512_bf16",),
+    "int4 GEMM kernel (bf16)",
+    _on_load_bf16,
+    (CSRC / "int4_gemm_amx.h",),
 )
-_F32 = _Library("int4_gemm_f32.cpp", "radixrt_int4_f32", ("avx2", "fma"), "int4 GEMM kernel (float32)")
+_F32 = TorchOpLibrary(
+    CSRC / "int4_gemm_f32.cpp",
+    ("avx2", "fma"),
+    "int4 GEMM kernel (float32)",
+    lambda: _register_fake("radixrt_int4_f32"),
+)
 SOURCE = _BF16.source
 
 
@@ -192,7 +112,7 @@ def amx_min_rows() -> int | None:
     return rows if rows > 0 else None
 
 
-def _library(dtype: torch.dtype) -> _Library:
+def _library(dtype: torch.dtype) -> TorchOpLibrary:
     if dtype == torch.bfloat16:
         return _BF16
     if dtype == torch.float32:

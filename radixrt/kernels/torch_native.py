@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels import cpu_cascade, cpu_decode, cpu_extend
-from radixrt.kernels.base import AttentionBackend, AttentionMetadata, ForwardMode, KVStore
+from radixrt.kernels.base import AttentionBackend, AttentionMetadata, ForwardMode, KVStore, NativeStep
 from radixrt.kernels.fp8 import dequantize_fp8
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,13 @@ class ScaledKVStore(Protocol):
     """A KV store whose stored values need per-head scales to dequantize (float8 pools)."""
 
     def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+
+@runtime_checkable
+class PlainKVStore(Protocol):
+    """A KV store whose ``set_kv`` is a plain row copy into per-layer buffers (`KVPool.plain_buffers`)."""
+
+    def plain_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None: ...
 
 
 # Extends of at most this many tokens per request run as one decode query per token through the C decode
@@ -125,6 +132,19 @@ class TorchNativeBackend(AttentionBackend):
         if name not in self.verify_kernels():
             raise ValueError(f"verify kernel: {name!r} is not one of {self.verify_kernels()}")
         self.verify_kernel = name
+
+    def native_decode_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        if not self.use_decode_kernel or self.kv_fp8 or not isinstance(self.kv, PlainKVStore):
+            return None
+        return self.kv.plain_buffers()
+
+    def native_decode_step(self) -> NativeStep | None:
+        if self._token_table is None or self._split is not None or self._extend_kernel:
+            return None
+        c = self._cascade
+        if c is not None:
+            return c.suffix_table, c.suffix_lens, c
+        return self._token_table, self._token_lens, None
 
     _slot_table: torch.Tensor
     _q_index: torch.Tensor

@@ -106,6 +106,11 @@ class KVPool:
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
+    def plain_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Every layer's K and V buffers when `set_kv` is a plain row copy into them (no float8 scaling), so a
+        native op may store the rows itself; None otherwise."""
+        return None if self.quantized else (self.k_buffers, self.v_buffers)
+
     def kv_scales(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(k_scale [KVH, D], v_scale [KVH])`` float32 that dequantize layer ``layer_id``'s stored values
         (``stored.float() * scale``, per channel for K, per head for V), or None when no scale applies."""

@@ -40,7 +40,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from radixrt.kernels import decode_op
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata
+from radixrt.kernels.decode_op import NativeDecode
 from radixrt.layers.routed_experts import compiled_experts
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.moe import SparseMoE
@@ -118,10 +120,29 @@ class _OpaqueAttention:
 _OPAQUE = _OpaqueAttention()
 
 
+class _NativeAttention:
+    """Stands in for the attention backend inside the compiled layer when the native op serves the step
+    (`radixrt.kernels.decode_op`: no Python between the graph and the C kernel)."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: object
+    ) -> torch.Tensor:
+        return torch.ops.radixrt_attn.decode(q, k, v)  # type: ignore[no-any-return]
+
+
+_NATIVE = _NativeAttention()
+
+
 def _layer_step(
     layer: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
 ) -> torch.Tensor:
     return layer(x, positions, rope, _OPAQUE, None)  # type: ignore[arg-type]
+
+
+def _layer_step_native(
+    layer: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
+) -> torch.Tensor:
+    return layer(x, positions, rope, _NATIVE, None)  # type: ignore[arg-type]
 
 
 def _stack_step(
@@ -135,6 +156,20 @@ def _stack_step(
     x = embed(ids)
     for layer in layers:
         x = layer(x, positions, rope, _OPAQUE, None)
+    return x
+
+
+def _stack_step_native(
+    layers: torch.nn.ModuleList,
+    embed: torch.nn.Module,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    rope: RotaryEmbedding,
+) -> torch.Tensor:
+    """`_stack_step` with the native attention op."""
+    x = embed(ids)
+    for layer in layers:
+        x = layer(x, positions, rope, _NATIVE, None)
     return x
 
 
@@ -189,9 +224,22 @@ def _raise_recompile_limit() -> None:
         )
 
 
+def _native_decode(backend: AttentionBackend) -> NativeDecode | None:
+    """The native attention op for ``backend``'s decode steps, or None (logged) where it cannot serve them."""
+    if backend.native_decode_buffers() is None:
+        return None
+    reason = decode_op.unavailable_reason()
+    if reason is not None:
+        logger.info("compiled decode: attention through the Python op (native op unavailable: %s)", reason)
+        return None
+    return NativeDecode(backend)
+
+
 class DecodeGraphRunner:
     """Runs decode forwards of up to ``max_bs`` requests through per-bucket compiled layers (and speculative
-    verifies, whose tokens fill the buckets as rows do: ``extra_buckets`` adds their sizes)."""
+    verifies, whose tokens fill the buckets as rows do: ``extra_buckets`` adds their sizes). With
+    ``native_attention`` (only decode steps run here) and a backend that allows it, attention is the native op
+    (`radixrt.kernels.decode_op`) instead of the Python one."""
 
     def __init__(
         self,
@@ -200,9 +248,16 @@ class DecodeGraphRunner:
         max_bs: int,
         scope: str = "layer",
         extra_buckets: Sequence[int] = (),
+        native_attention: bool = False,
     ) -> None:
         if scope not in ("layer", "model"):
             raise ValueError(f"compile_scope: layer or model, got {scope!r}")
+        self.native = _native_decode(backend) if native_attention else None
+        step, stack, tag = (
+            (_layer_step_native, _stack_step_native, "_native")
+            if self.native
+            else (_layer_step, _stack_step, "")
+        )
         self.model = model
         self.backend = backend
         self.buckets = sorted({*compile_buckets(max_bs), *(b for b in extra_buckets if b > 0)})
@@ -217,12 +272,12 @@ class DecodeGraphRunner:
         # One compiled function per (bucket, layer kind) -- or per bucket for the whole stack -- and per
         # bucket for the greedy head (module doc).
         self._layer = {
-            (b, k): _unguarded(_layer_step, f"_layer_step_bs{b}_kind{k}")
+            (b, k): _unguarded(step, f"_layer_step{tag}_bs{b}_kind{k}")
             for b in self.buckets
             for k in (kinds.values() if scope == "layer" else ())
         }
         self._stack = {
-            b: _unguarded(_stack_step, f"_stack_step_bs{b}") for b in self.buckets if scope == "model"
+            b: _unguarded(stack, f"_stack_step{tag}_bs{b}") for b in self.buckets if scope == "model"
         }
         self._greedy = {b: _unguarded(_greedy_head, f"_greedy_head_bs{b}") for b in self.buckets}
 
@@ -249,6 +304,10 @@ class DecodeGraphRunner:
         _raise_recompile_limit()
         fw = _CURRENT
         fw.backend, fw.md, fw.layer, fw.attention_s = self.backend, md, 0, 0.0
+        native = self.native
+        if native is not None:
+            native.begin(md.out_cache_loc)
+        ran = 0
         try:
             bs = ids.shape[0]
             with compiled_experts(self._experts):
@@ -260,14 +319,17 @@ class DecodeGraphRunner:
                     x = self.model.embed_tokens(ids)
                     for layer, kind in zip(self.model.layers, self._kind_of, strict=True):
                         x = self._layer[bs, kind](layer, x, positions, self.model.rope)
-            if fw.layer != len(self.model.layers):
-                raise RuntimeError(
-                    f"compiled decode ran attention {fw.layer} times for {len(self.model.layers)} layers"
-                )
-            return x
+            ran = fw.layer
         finally:
+            if native is not None:
+                ran, fw.attention_s = native.finish()
             self.last_attention_s = fw.attention_s
             fw.backend, fw.md = None, None
+        if ran != len(self.model.layers):
+            raise RuntimeError(
+                f"compiled decode ran attention {ran} times for {len(self.model.layers)} layers"
+            )
+        return x
 
     def warmup(self, run_padding_batch: Callable[[int], None]) -> float:
         """Compile every bucket (the layers and the greedy head) by running a batch of padding rows through

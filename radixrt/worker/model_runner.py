@@ -176,6 +176,7 @@ class ModelRunner:
                 verify_buckets(args.speculative_max_batch_size, draft_tokens(args))
                 if args.speculative_algorithm is not None
                 else [],
+                native_attention=args.speculative_algorithm is None,
             )
             self.graph_runner.warmup(self._run_padding_batch)
             if args.speculative_algorithm is not None:
