@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from benchmarks.llama_cpp_compat import amx_buffers_off
+
 FIGURES = ("decode_b1", "b16_e2e", "b16_decode", "prefill512", "extend256")
 HEADERS = {
     "decode_b1": "batch-1 decode",
@@ -102,6 +104,7 @@ class LlamaCppPeer:
     def __init__(self, gguf: Path, threads: int, n_ctx: int = 8448) -> None:
         from llama_cpp import Llama
 
+        amx_buffers_off()
         self.name = "llama.cpp"
         self.llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
                          n_batch=512, verbose=False)  # fmt: skip

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
+from benchmarks.llama_cpp_compat import amx_buffers_off
+
 
 class System(Protocol):
     name: str
@@ -98,6 +100,7 @@ class LlamaCppSystem:
     def __init__(self, gguf_file: Path, threads: int, n_ctx: int = 8448) -> None:
         from llama_cpp import Llama
 
+        amx_buffers_off()
         self.name = "llama.cpp"
         t0 = time.perf_counter()
         self.llm = Llama(model_path=str(gguf_file), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,

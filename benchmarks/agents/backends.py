@@ -168,7 +168,7 @@ class LlamaCppSide(Side):
 
     def _cmd(self, port: int) -> list[str]:
         t = str(self.threads)
-        return [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", "default",
+        return [sys.executable, "-m", "benchmarks.llama_cpp_compat", "--model", str(self.gguf), "--model_alias", "default",
                 "--port", str(port), "--n_ctx", str(self.n_ctx), "--n_threads", t, "--n_threads_batch", t,
                 "--cache", "true", "--cache_type", "ram", "--verbose", "true", "--interrupt_requests", "false"]  # fmt: skip
 
