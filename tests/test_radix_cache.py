@@ -416,3 +416,18 @@ def test_long_keys_match_up_to_first_mismatch(n: int, cut: int, page_size: int, 
     assert res.slots.tolist() == slots[:expected].tolist()
     assert cache.insert(probe, torch.arange(len(probe)) + 10_000) == expected
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_freed_slots_come_back_as_ascending_runs(page_size: int) -> None:
+    """Slots freed together are handed out again in ascending order, whatever order they were freed in (the
+    attention kernels read consecutive slots fastest; a shared prefix must be one run for the cascade)."""
+    alloc = TokenSlotAllocator(64 * page_size, page_size=page_size)
+    first = alloc.alloc(12 * page_size)
+    assert first is not None and torch.equal(first, torch.arange(first[0], first[0] + 12 * page_size))
+    alloc.free(first.flip(0))  # freed in descending order
+    again = alloc.alloc(12 * page_size)
+    assert again is not None and torch.equal(again, first)
+    alloc.free(again[torch.randperm(again.numel(), generator=torch.Generator().manual_seed(0))])
+    third = alloc.alloc(5 * page_size)
+    assert third is not None and torch.equal(third, first[: 5 * page_size])

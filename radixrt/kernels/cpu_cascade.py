@@ -84,6 +84,13 @@ def plan_shared_prefix(
         return None
     start = int(slot_table[0, 0])
     pos = torch.arange(width)
+    # the run of consecutive slots in the first request bounds every candidate: cheap to rule out first
+    off_run = slot_table[0, :width] != start + pos
+    run0 = int(off_run.to(torch.uint8).argmax()) if bool(off_run.any()) else width
+    run0 = min(run0, int(own[0]))
+    if run0 * B < min_positions:
+        return None
+    width, pos = run0, pos[:run0]
     match = (slot_table[:, :width] == start + pos) & (pos < own[:, None])
     whole = match.all(dim=1)
     runs = torch.where(

@@ -80,7 +80,10 @@ class TokenSlotAllocator:
         """Free the pages of ``slots``. With pages, a slot frees its whole page: callers free whole pages."""
         if slots.numel() == 0:
             return
+        # NOTE: pushed in descending order, so the next allocation pops them back ascending: a run of
+        # consecutive slots is what the attention kernels read fastest, and what a decode batch's shared
+        # prefix must be for the cascade to read it as one view (radixrt.kernels.cpu_cascade).
         if self.page_size == 1:
-            self._free_pages.extend(slots.tolist())
+            self._free_pages.extend(sorted(slots.tolist(), reverse=True))
         else:
-            self._free_pages.extend(torch.unique(slots // self.page_size).tolist())
+            self._free_pages.extend(reversed(torch.unique(slots // self.page_size).tolist()))
