@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_cpu_decode import reference
 
 from radixrt.kernels import cpu_cascade, cpu_decode
@@ -206,3 +207,32 @@ def test_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cpu_cascade.cascade_min_positions() == 0
     monkeypatch.delenv(cpu_cascade.CASCADE_ENV)
     assert cpu_cascade.cascade_min_positions() == cpu_cascade.CASCADE_MIN_DEFAULT
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(("prefix", "new"), [(1, 17), (300, 49), (2048, 256)])
+@pytest.mark.parametrize(("H", "KVH", "D"), [(9, 3, 64), (8, 8, 64), (8, 2, 128)])
+def test_extend_over_prefix_matches_sdpa(
+    dtype: torch.dtype, prefix: int, new: int, H: int, KVH: int, D: int
+) -> None:
+    """One request's extend through the split path against one masked float32 SDPA over prefix + new tokens."""
+    g = torch.Generator().manual_seed(prefix + new + H)
+    n = prefix + new + 31
+    k_buf = torch.randn(n, KVH, D, generator=g).to(dtype)
+    v_buf = torch.randn(n, KVH, D, generator=g).to(dtype)
+    slots = torch.randperm(n - 1, generator=g)[: prefix + new] + 1
+    q = torch.randn(new, H, D, generator=g).to(dtype)
+    scale = D**-0.5
+    out = cpu_cascade.extend_over_prefix(q, k_buf[slots[prefix:]], v_buf[slots[prefix:]], k_buf, v_buf,
+                                         slots[:prefix], scale)  # fmt: skip
+    keys, values = k_buf[slots].float().transpose(0, 1), v_buf[slots].float().transpose(0, 1)
+    causal = torch.arange(prefix + new)[None, :] <= (prefix + torch.arange(new))[:, None]
+    ref = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1), keys, values, attn_mask=causal, scale=scale, enable_gqa=True
+    ).transpose(0, 1)
+    assert out.dtype == dtype and out.shape == (new, H, D)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-6)
+    else:  # both parts come back in bf16 before the merge: two roundings, then the output's
+        torch.testing.assert_close(out.float(), ref, rtol=2**-6, atol=2**-7 * float(ref.abs().max()))
+        assert (out.float() - ref).abs().mean() <= 2**-8 * ref.abs().mean()

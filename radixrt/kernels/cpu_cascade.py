@@ -31,6 +31,7 @@ __all__ = [
     "SharedPrefix",
     "cascade_decode_attention",
     "cascade_min_positions",
+    "extend_over_prefix",
     "plan_shared_prefix",
 ]
 
@@ -141,3 +142,40 @@ def cascade_decode_attention(
     return cpu_decode.paged_decode_attention(
         q, k_buf, v_buf, plan.suffix_table, plan.suffix_lens, scale, prefix=(pre_out, lse)
     )
+
+
+def extend_over_prefix(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One request's extend: ``q`` / ``k`` / ``v`` ``[Q, H or KVH, D]`` are its new tokens (already stored in
+    the pool), ``prefix_slots`` ``[P]`` (P >= 1) the slots of its cached prefix in ``k_buf`` / ``v_buf``
+    (``[num_slots, KVH, D]``, ``q``'s dtype). Returns causal attention ``[Q, H, D]``.
+
+    Two flash-attention calls merged by their log-sum-exp: the prefix without a mask, the G query heads of
+    each kv head stacked into one ``[G * Q, D]`` operand (one GEMM per kv head, no repeated K/V), then the
+    new tokens with the causal mask of a square block (is_causal, no mask tensor). One masked SDPA call over
+    prefix + new tokens took ~1.5x the time (256 tokens over a 3k prefix, bf16, 2 threads, AMX machine)."""
+    Q, H, D = q.shape
+    KVH = k.shape[1]
+    G = H // KVH
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    keys = k_buf[prefix_slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, P, D]
+    values = v_buf[prefix_slots].transpose(0, 1).unsqueeze(0)
+    grouped = q.reshape(Q, KVH, G, D).permute(1, 2, 0, 3).reshape(1, KVH, G * Q, D)
+    pre_out, pre_lse = flash(grouped, keys, values, 0.0, False, scale=scale)
+    heads = q.transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
+    new_k = k.transpose(0, 1).repeat_interleave(G, dim=0).unsqueeze(0)
+    new_v = v.transpose(0, 1).repeat_interleave(G, dim=0).unsqueeze(0)
+    new_out, new_lse = flash(heads, new_k, new_v, 0.0, True, scale=scale)
+    lse_a, lse_b = pre_lse.reshape(H, Q), new_lse.reshape(H, Q)
+    top = torch.maximum(lse_a, lse_b)
+    wa, wb = torch.exp(lse_a - top), torch.exp(lse_b - top)
+    total = wa + wb
+    out = pre_out.reshape(H, Q, D) * (wa / total).unsqueeze(-1) + new_out[0] * (wb / total).unsqueeze(-1)
+    return out.to(q.dtype).transpose(0, 1)

@@ -7,7 +7,9 @@ Per forward it masks the metadata's padded ``[B, max_seq_len]`` slot table and b
 through that table and runs ``scaled_dot_product_attention`` with GQA. Decode steps (one new token per
 request, or up to ``SMALL_EXTEND`` new tokens as one decode query each) call the C decode kernel instead, and
 longer extends the C extend kernel (no slot table, mask or gather is built for them) where it is the faster
-path on this CPU (`extend_kernel_max_tokens`), when the C library could be built here (gcc); when it cannot,
+path on this CPU (`extend_kernel_max_tokens`); a single request's extend over a cached prefix on the SDPA path
+attends the prefix and its new tokens apart (`cpu_cascade.extend_over_prefix`: no mask tensor, the query
+heads of a kv head stacked into one GEMM). All of it when the C library could be built here (gcc); when it cannot,
 the backend logs why once and runs the reference path. No Python
 loop over tokens or requests in the per-layer path.
 
@@ -159,6 +161,7 @@ class TorchNativeBackend(AttentionBackend):
         self._token_table: torch.Tensor | None = None
         self._split: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cascade: cpu_cascade.SharedPrefix | None = None
+        self._prefix_slots: torch.Tensor | None = None
         self._extend_kernel = (
             self.use_extend_kernel and SMALL_EXTEND < md.max_extend_len <= self.extend_kernel_max
         )
@@ -201,6 +204,11 @@ class TorchNativeBackend(AttentionBackend):
             self._token_table = md.slot_table[req]
             self._token_lens = md.prefix_lens[req] + j + 1
             return
+        if self.use_decode_kernel and md.batch_size == 1 and not self.kv_fp8 and self.sliding_window is None:
+            prefix = int(md.prefix_lens[0])
+            if prefix > 0:  # one request over a cached prefix: prefix and new tokens apart (cpu_cascade)
+                self._prefix_slots = md.slot_table[0, :prefix]
+                return
         self._plan_reference(
             md.seq_lens, md.prefix_lens, md.slot_table, md.qo_indptr, md.max_extend_len, md.max_seq_len
         )
@@ -267,6 +275,8 @@ class TorchNativeBackend(AttentionBackend):
                 q, k_buf, v_buf, self._token_table, self._token_lens, self.scale, self.sliding_window,
                 k_scale=ks, v_scale=vs,
             )  # fmt: skip
+        if self._prefix_slots is not None:
+            return cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, self._prefix_slots, self.scale)
         if self._extend_kernel:
             return cpu_extend.paged_extend_attention(
                 q,
