@@ -214,3 +214,35 @@ def test_python_attention_op_when_the_native_one_is_off(
     monkeypatch.setenv(decode_op.NATIVE_ENV, "yes")
     with pytest.raises(ValueError, match=decode_op.NATIVE_ENV):
         decode_op.unavailable_reason()
+
+
+def test_two_engines_decode_concurrently(tiny_llama: Path, tiny_qwen2: Path, engine_factory) -> None:
+    """Two engines in one process, each stepping its compiled decode on its own scheduler thread at the same
+    time: the attention op's per-step state is per thread, so each gets its own model's greedy ids."""
+    import threading
+
+    engines = {
+        p: engine_factory(p, disable_compile=False, compile_max_bs=4) for p in (tiny_llama, tiny_qwen2)
+    }
+    prompts = prompts_of([5, 33, 17], seed=21)
+    params = {**GREEDY, "max_new_tokens": 24}
+    results: dict[Path, list[list[list[int]]]] = {p: [] for p in engines}
+    errors: list[BaseException] = []
+
+    def run(path: Path) -> None:
+        try:
+            for _ in range(3):
+                outs = engines[path].generate(input_ids=prompts, sampling_params=params)
+                results[path].append([o["output_ids"] for o in outs])
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for path, runs in results.items():
+        expected = [hf_greedy(path, ids, 24) for ids in prompts]
+        assert runs == [expected] * 3, path.name

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any, cast
@@ -72,9 +73,14 @@ def _address(fn: cpu_decode.Kernel) -> int:
     return address
 
 
-# The process-wide op serves one backend at a time: the last one bound (a process may hold several engines).
-# The op keeps the pool's addresses, not the buffers; a weak reference here, so a freed engine rebinds.
-_bound: list[weakref.ref[NativeDecode] | None] = [None]
+class _Bound(threading.local):
+    """The backend the op is bound to on this thread (its state is per thread): a weak reference, so a freed
+    engine's pool is never kept and a new one rebinds (the op holds the pool's addresses, not the buffers)."""
+
+    ref: weakref.ref[NativeDecode] | None = None
+
+
+_bound = _Bound()
 
 
 class NativeDecode:
@@ -95,12 +101,12 @@ class NativeDecode:
         step: NativeStep | None = self.backend.native_decode_step()
         if step is None:
             raise RuntimeError("decode op: the backend planned a step the native op cannot run")
-        bound = _bound[0]
+        bound = _bound.ref
         if bound is None or bound() is not self:
             window = self.backend.sliding_window or 0
             torch.ops.radixrt_attn.bind(self.k_bufs, self.v_bufs, self._decode, self._prefixed,
                                         self.backend.scale, window)  # fmt: skip
-            _bound[0] = weakref.ref(self)
+            _bound.ref = weakref.ref(self)
         table, lens, plan = step
         start, length, not_sharing = 0, 0, None
         if plan is not None:

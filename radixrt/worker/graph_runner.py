@@ -31,6 +31,7 @@ from the per-layer graphs (float32 stays exact).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import types
 from collections.abc import Callable, Hashable, Sequence
@@ -84,7 +85,17 @@ class _Forward:
     layers: list[int] = field(default_factory=list)
 
 
-_CURRENT = _Forward()
+class _PerThread(threading.local):
+    """The forward in flight on this thread: engines in one process run their steps on their own scheduler
+    threads, each with its own state (the native op's state is thread-local too)."""
+
+    forward: _Forward
+
+    def __init__(self) -> None:
+        self.forward = _Forward()
+
+
+_CURRENT = _PerThread()
 
 
 @torch.library.custom_op("radixrt::decode_attention", mutates_args=())
@@ -93,7 +104,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     # NOTE: the layer index is a counter, not an argument: an int argument would be a constant of the
     # traced graph and force one graph per layer. Layers run in order (each op consumes the previous
     # layer's output), and `DecodeGraphRunner.forward` checks that every layer ran exactly once.
-    fw = _CURRENT
+    fw = _CURRENT.forward
     assert fw.backend is not None and fw.md is not None, "decode_attention outside a compiled forward"
     layer = fw.layer
     fw.layer += 1
@@ -302,7 +313,7 @@ class DecodeGraphRunner:
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         _raise_recompile_limit()
-        fw = _CURRENT
+        fw = _CURRENT.forward
         fw.backend, fw.md, fw.layer, fw.attention_s = self.backend, md, 0, 0.0
         native = self.native
         if native is not None:

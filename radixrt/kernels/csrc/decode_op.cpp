@@ -4,7 +4,7 @@
 // a shared prefix (SDPA with log-sum-exp, then paged_decode_prefixed) when the step planned one. Called from
 // the inductor graphs without Python: the Python op it replaces spent ~25 us a layer in wrappers.
 //
-// State (one forward in flight per process, as the Python op's): `bind` sets the pool's per-layer buffers and
+// State (one forward in flight per thread): `bind` sets the pool's per-layer buffers and
 // kernels once, `begin` the step's tables, `decode` runs one layer (layers in order: each consumes the
 // previous layer's output), `finish` returns how many layers ran and the seconds spent in them.
 #include <ATen/ATen.h>
@@ -48,8 +48,9 @@ struct Step {
     bool active = false;
 };
 
-Bound g_bound;
-Step g_step;
+// Per thread: each engine runs its steps on its own scheduler thread (several engines may share a process).
+thread_local Bound g_bound;
+thread_local Step g_step;
 
 at::Tensor pool_view(void* data) {
     return at::from_blob(data, {g_bound.num_slots, g_bound.kvh, g_bound.dim}, at::TensorOptions().dtype(g_bound.dtype));
