@@ -8,11 +8,12 @@ runtime's.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import PreTrainedTokenizerFast
 
 from radixrt.kernels.torch_native import EXTEND_KERNEL_ENV
@@ -25,6 +26,16 @@ os.environ.setdefault(EXTEND_KERNEL_ENV, "c")
 
 # Engine fixtures (engine_factory, ...) live in their own module; registering them here makes them global.
 pytest_plugins = ["tests.engine_fixtures"]
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Run under 1, 2 and 3 torch threads (3 > cores here: the C kernels share their work unevenly, and a long
+    request is cut into three pieces)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(old)
 
 
 @cache

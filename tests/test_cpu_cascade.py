@@ -9,7 +9,6 @@ plain kernel's. Skipped only when gcc is missing."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -116,14 +115,6 @@ def test_plan_of_a_partial_run() -> None:
     plan = cpu_cascade.plan_shared_prefix(table, lens, 1)
     assert plan is not None and (plan.length, plan.sharing.tolist()) == naive_plan(table, lens, 1)
     assert plan.length == 400 and plan.sharing.tolist() == [True] * 4 + [False] * 2
-
-
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
 
 
 def check_cascade(out: torch.Tensor, ref: torch.Tensor, plain: torch.Tensor, dtype: torch.dtype) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,15 +85,6 @@ def check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got, rounded, rtol=2**-7, atol=1e-6)
     exact = (got == rounded).float().mean().item()
     assert exact > 0.99, f"only {exact:.4f} of the bf16 outputs equal the rounded float32 reference"
-
-
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Run under 1, 2 and 3 torch threads (3 > cores here: it cuts a long request into three pieces)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
 
 
 def test_available() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -143,15 +142,6 @@ def check(
     assert worst <= 1.0, f"a bf16 output is off by {worst:.2f}x the bound of its two roundings"
     # typical errors are far below the worst case (a systematic bias would not be)
     assert err.mean().item() < 0.25 * bound.mean().item()
-
-
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Run under 1, 2 and 3 torch threads (3 > cores here: items are shared unevenly)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
 
 
 DTYPES = [torch.bfloat16, torch.float32]

@@ -199,3 +199,29 @@ def test_compiled_decode_takes_the_cascade_natively(
     ref = off.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in ref]
     assert got[0]["output_ids"] == hf_greedy(tiny_llama, prompts[0], GREEDY["max_new_tokens"])
+
+
+def test_extend_over_a_cached_prefix_on_the_sdpa_path(
+    tiny_llama: Path, engine_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With extends on the SDPA path (the default on AMX and AVX2 CPUs), a request extending a cached prefix
+    takes the split attention (radixrt.kernels.cpu_cascade.extend_over_prefix); greedy ids equal HF's."""
+    from radixrt.kernels import cpu_cascade
+    from radixrt.kernels.torch_native import EXTEND_KERNEL_ENV
+
+    calls: list[int] = []
+    real = cpu_cascade.extend_over_prefix
+
+    def spy(q, k, v, k_buf, v_buf, prefix_slots, scale):  # type: ignore[no-untyped-def]
+        calls.append(int(prefix_slots.numel()))
+        return real(q, k, v, k_buf, v_buf, prefix_slots, scale)
+
+    monkeypatch.setattr(cpu_cascade, "extend_over_prefix", spy)
+    monkeypatch.setenv(EXTEND_KERNEL_ENV, "sdpa")
+    eng = engine_factory(tiny_llama)
+    system, prompts = shared_prompts(60, 2, 40, seed=14)
+    eng.generate(input_ids=prompts[0], sampling_params=GREEDY)
+    out = eng.generate(input_ids=prompts[1], sampling_params=GREEDY)
+    assert out["meta_info"]["cached_tokens"] == len(system)
+    assert calls and max(calls) == len(system), calls
+    assert out["output_ids"] == hf_greedy(tiny_llama, prompts[1], GREEDY["max_new_tokens"])

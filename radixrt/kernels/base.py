@@ -166,6 +166,9 @@ class SharedRun(Protocol):
     @property
     def sharing(self) -> torch.Tensor: ...  # [B] bool: the requests that hold it
 
+    @property
+    def not_sharing(self) -> torch.Tensor | None: ...  # ~sharing, or None when every request holds it
+
 
 # (slot table, seq_lens, shared prefix or None) of one decode step, for the native op.
 NativeStep = tuple[torch.Tensor, torch.Tensor, SharedRun | None]

@@ -66,7 +66,7 @@ class SharedPrefix:
     sharing: torch.Tensor  # [B] bool
     suffix_table: torch.Tensor  # [B, W] int64
     suffix_lens: torch.Tensor  # [B] int64
-    lse_mask: torch.Tensor | None  # [B] bool: the requests not sharing it (None when all do)
+    not_sharing: torch.Tensor | None  # [B] bool: the requests outside it (None when all share it)
 
 
 def plan_shared_prefix(
@@ -137,8 +137,8 @@ def cascade_decode_attention(
     )
     pre_out = pre_out.contiguous()
     lse = lse.contiguous()
-    if plan.lse_mask is not None:
-        lse.view(KVH, B, G).masked_fill_(plan.lse_mask[None, :, None], float("-inf"))
+    if plan.not_sharing is not None:
+        lse.view(KVH, B, G).masked_fill_(plan.not_sharing[None, :, None], float("-inf"))
     return cpu_decode.paged_decode_attention(
         q, k_buf, v_buf, plan.suffix_table, plan.suffix_lens, scale, prefix=(pre_out, lse)
     )

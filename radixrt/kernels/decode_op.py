@@ -110,8 +110,7 @@ class NativeDecode:
         table, lens, plan = step
         start, length, not_sharing = 0, 0, None
         if plan is not None:
-            start, length = plan.start, plan.length
-            not_sharing = None if bool(plan.sharing.all()) else ~plan.sharing
+            start, length, not_sharing = plan.start, plan.length, plan.not_sharing
         torch.ops.radixrt_attn.begin(
             table, lens, out_cache_loc, torch.get_num_threads(), start, length, not_sharing
         )

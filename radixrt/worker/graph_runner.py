@@ -144,16 +144,19 @@ class _NativeAttention:
 _NATIVE = _NativeAttention()
 
 
+_Attention = _OpaqueAttention | _NativeAttention
+
+
 def _layer_step(
-    layer: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
+    layer: torch.nn.Module,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    rope: RotaryEmbedding,
+    attn: _Attention = _OPAQUE,
 ) -> torch.Tensor:
-    return layer(x, positions, rope, _OPAQUE, None)  # type: ignore[arg-type]
-
-
-def _layer_step_native(
-    layer: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
-) -> torch.Tensor:
-    return layer(x, positions, rope, _NATIVE, None)  # type: ignore[arg-type]
+    """One decoder layer. ``attn`` (`_OPAQUE` or `_NATIVE`) is never passed: `_unguarded` sets it as the
+    compiled copy's default, a constant of its graphs (an argument would cost the frame entry every call)."""
+    return layer(x, positions, rope, attn, None)  # type: ignore[no-any-return]
 
 
 def _stack_step(
@@ -162,25 +165,13 @@ def _stack_step(
     ids: torch.Tensor,
     positions: torch.Tensor,
     rope: RotaryEmbedding,
+    attn: _Attention = _OPAQUE,
 ) -> torch.Tensor:
-    """The embedding and every decoder layer in one graph (``--compile-scope model``)."""
+    """The embedding and every decoder layer in one graph (``--compile-scope model``); ``attn`` as for
+    `_layer_step`."""
     x = embed(ids)
     for layer in layers:
-        x = layer(x, positions, rope, _OPAQUE, None)
-    return x
-
-
-def _stack_step_native(
-    layers: torch.nn.ModuleList,
-    embed: torch.nn.Module,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    rope: RotaryEmbedding,
-) -> torch.Tensor:
-    """`_stack_step` with the native attention op."""
-    x = embed(ids)
-    for layer in layers:
-        x = layer(x, positions, rope, _NATIVE, None)
+        x = layer(x, positions, rope, attn, None)
     return x
 
 
@@ -212,10 +203,13 @@ def layer_kind(layer: torch.nn.Module) -> Hashable:
     return tuple(parts)
 
 
-def _unguarded(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``fn`` compiled without dynamo guards, under a fresh code object (its own dynamo cache)."""
+def _unguarded(
+    fn: Callable[..., Any], name: str, defaults: tuple[Any, ...] | None = None
+) -> Callable[..., Any]:
+    """``fn`` compiled without dynamo guards, under a fresh code object (its own dynamo cache), with
+    ``defaults`` in place of its default argument values when given."""
     code = fn.__code__.replace(co_name=name)
-    fresh = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    fresh = types.FunctionType(code, fn.__globals__, name, defaults or fn.__defaults__, fn.__closure__)
     return torch.compile(
         fresh,
         dynamic=False,
@@ -264,11 +258,8 @@ class DecodeGraphRunner:
         if scope not in ("layer", "model"):
             raise ValueError(f"compile_scope: layer or model, got {scope!r}")
         self.native = _native_decode(backend) if native_attention else None
-        step, stack, tag = (
-            (_layer_step_native, _stack_step_native, "_native")
-            if self.native
-            else (_layer_step, _stack_step, "")
-        )
+        attn: _Attention = _NATIVE if self.native else _OPAQUE
+        tag = "_native" if self.native else ""
         self.model = model
         self.backend = backend
         self.buckets = sorted({*compile_buckets(max_bs), *(b for b in extra_buckets if b > 0)})
@@ -283,12 +274,14 @@ class DecodeGraphRunner:
         # One compiled function per (bucket, layer kind) -- or per bucket for the whole stack -- and per
         # bucket for the greedy head (module doc).
         self._layer = {
-            (b, k): _unguarded(step, f"_layer_step{tag}_bs{b}_kind{k}")
+            (b, k): _unguarded(_layer_step, f"_layer_step{tag}_bs{b}_kind{k}", (attn,))
             for b in self.buckets
             for k in (kinds.values() if scope == "layer" else ())
         }
         self._stack = {
-            b: _unguarded(stack, f"_stack_step{tag}_bs{b}") for b in self.buckets if scope == "model"
+            b: _unguarded(_stack_step, f"_stack_step{tag}_bs{b}", (attn,))
+            for b in self.buckets
+            if scope == "model"
         }
         self._greedy = {b: _unguarded(_greedy_head, f"_greedy_head_bs{b}") for b in self.buckets}
 
