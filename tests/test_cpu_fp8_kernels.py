@@ -30,7 +30,6 @@ pytestmark = pytest.mark.skipif(
 
 FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
 QTYPES = [torch.bfloat16, torch.float32]
-threads = dec.threads  # the fixture: 1, 2 and 3 torch threads
 
 
 def quantized(
