@@ -227,3 +227,37 @@ def test_extend_over_prefix_matches_sdpa(
     else:  # both parts come back in bf16 before the merge: two roundings, then the output's
         torch.testing.assert_close(out.float(), ref, rtol=2**-6, atol=2**-7 * float(ref.abs().max()))
         assert (out.float() - ref).abs().mean() <= 2**-8 * ref.abs().mean()
+
+
+def test_slot_run_against_a_naive_check() -> None:
+    """`slot_run` is a slice exactly when the slots are consecutive ascending (checked element by element)."""
+    g = torch.Generator().manual_seed(5)
+    cases = [torch.arange(7, 7 + n) for n in (1, 2, 300)]
+    cases += [
+        torch.tensor([3, 4, 6]),
+        torch.tensor([5, 4]),
+        torch.tensor([2, 3, 4, 4]),
+        torch.tensor([9, 8, 10]),
+    ]
+    cases += [torch.randperm(50, generator=g)[:n] for n in (2, 5, 40)]
+    for slots in cases:
+        run = cpu_cascade.slot_run(slots)
+        consecutive = all(int(slots[i + 1]) == int(slots[i]) + 1 for i in range(len(slots) - 1))
+        if consecutive:
+            assert run == slice(int(slots[0]), int(slots[0]) + len(slots))
+        else:
+            assert run is slots
+    assert cpu_cascade.slot_run(torch.zeros(0, dtype=torch.int64)).numel() == 0
+
+
+def test_extend_over_a_prefix_run_reads_in_place() -> None:
+    """A prefix that is one run of slots, passed as a slice: the same output as the gathered slots."""
+    g = torch.Generator().manual_seed(8)
+    k_buf, v_buf = torch.randn(600, 3, 64, generator=g), torch.randn(600, 3, 64, generator=g)
+    q, k, v = torch.randn(40, 9, 64, generator=g), k_buf[500:540], v_buf[500:540]
+    slots = torch.arange(100, 400)
+    run = cpu_cascade.slot_run(slots)
+    assert isinstance(run, slice)
+    gathered = cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, slots, 0.125)
+    in_place = cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, run, 0.125)
+    assert torch.equal(gathered, in_place)

@@ -150,12 +150,13 @@ def extend_over_prefix(
     v: torch.Tensor,
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
-    prefix_slots: torch.Tensor,
+    prefix_slots: torch.Tensor | slice,
     scale: float,
 ) -> torch.Tensor:
     """One request's extend: ``q`` / ``k`` / ``v`` ``[Q, H or KVH, D]`` are its new tokens (already stored in
     the pool), ``prefix_slots`` ``[P]`` (P >= 1) the slots of its cached prefix in ``k_buf`` / ``v_buf``
-    (``[num_slots, KVH, D]``, ``q``'s dtype). Returns causal attention ``[Q, H, D]``.
+    (``[num_slots, KVH, D]``, ``q``'s dtype), or a slice where they are one ascending run (`slot_run`: the
+    prefix is read in place, no gathered copy). Returns causal attention ``[Q, H, D]``.
 
     Two flash-attention calls merged by their log-sum-exp: the prefix without a mask, the G query heads of
     each kv head stacked into one ``[G * Q, D]`` operand (one GEMM per kv head, no repeated K/V), then the
@@ -179,3 +180,15 @@ def extend_over_prefix(
     total = wa + wb
     out = pre_out.reshape(H, Q, D) * (wa / total).unsqueeze(-1) + new_out[0] * (wb / total).unsqueeze(-1)
     return out.to(q.dtype).transpose(0, 1)
+
+
+def slot_run(slots: torch.Tensor) -> torch.Tensor | slice:
+    """``slots`` ``[P]`` as a slice when they are one ascending run of consecutive slots (the allocator hands
+    out ascending runs: a prefix prefilled at once is usually one), else ``slots`` itself."""
+    n = slots.shape[0]
+    if n == 0:
+        return slots
+    first, last = int(slots[0]), int(slots[-1])
+    if last - first == n - 1 and bool(torch.all(slots[1:] - slots[:-1] == 1)):
+        return slice(first, last + 1)
+    return slots

@@ -161,7 +161,8 @@ class TorchNativeBackend(AttentionBackend):
         self._token_table: torch.Tensor | None = None
         self._split: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cascade: cpu_cascade.SharedPrefix | None = None
-        self._prefix_slots: torch.Tensor | None = None
+        self._prefix_slots: torch.Tensor | slice | None = None
+        self._causal = False  # set by `_plan_reference` for one request's plain prefill
         self._extend_kernel = (
             self.use_extend_kernel and SMALL_EXTEND < md.max_extend_len <= self.extend_kernel_max
         )
@@ -207,7 +208,7 @@ class TorchNativeBackend(AttentionBackend):
         if self.use_decode_kernel and md.batch_size == 1 and not self.kv_fp8 and self.sliding_window is None:
             prefix = int(md.prefix_lens[0])
             if prefix > 0:  # one request over a cached prefix: prefix and new tokens apart (cpu_cascade)
-                self._prefix_slots = md.slot_table[0, :prefix]
+                self._prefix_slots = cpu_cascade.slot_run(md.slot_table[0, :prefix])
                 return
         self._plan_reference(
             md.seq_lens, md.prefix_lens, md.slot_table, md.qo_indptr, md.max_extend_len, md.max_seq_len
@@ -277,6 +278,8 @@ class TorchNativeBackend(AttentionBackend):
             )  # fmt: skip
         if self._prefix_slots is not None:
             return cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, self._prefix_slots, self.scale)
+        if self._causal and not self.kv_fp8:  # one request's plain prefill: its own K/V, nothing gathered
+            return self._prefill(q, k, v)
         if self._extend_kernel:
             return cpu_extend.paged_extend_attention(
                 q,
@@ -291,6 +294,18 @@ class TorchNativeBackend(AttentionBackend):
                 v_scale=vs,
             )
         return self._reference(q, k_buf, v_buf, ks, vs)
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of one request's new tokens ``[T, H or KVH, D]`` over themselves."""
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            is_causal=True,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out[0].transpose(0, 1)
 
     def _reference(
         self,

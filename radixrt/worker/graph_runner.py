@@ -109,14 +109,15 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     layer = fw.layer
     fw.layer += 1
     t0 = time.perf_counter()
-    out = fw.backend.forward(q, k, v, layer, fw.md)
+    # An extend kernel may return a transposed view; the graph expects the fake's contiguous layout.
+    out = fw.backend.forward(q, k, v, layer, fw.md).contiguous()
     fw.attention_s += time.perf_counter() - t0
     return out
 
 
 @decode_attention.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)
 
 
 class _OpaqueAttention:

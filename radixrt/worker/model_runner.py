@@ -27,6 +27,7 @@ from radixrt.models.loader import load_model
 from radixrt.models.quantize import apply_quantization, resolve_quantization
 from radixrt.worker.cuda_graph_runner import CudaGraphRunner
 from radixrt.worker.device import kv_budget_bytes, resolve_attention_backend, resolve_device, resolve_dtype
+from radixrt.worker.extend_graphs import ExtendGraphRunner, compiled_extend_enabled
 from radixrt.worker.graph_runner import DecodeGraphRunner, verify_buckets
 from radixrt.worker.step_cost import attention_work
 
@@ -155,6 +156,7 @@ class ModelRunner:
                 f"float8 KV so far, not {self.attention_backend}"
             )
         self.graph_runner: DecodeGraphRunner | None = None
+        self.extend_runner: ExtendGraphRunner | None = None
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if self.kv_pool.k_scale is not None:
             self._calibrate_kv_scales()
@@ -181,6 +183,9 @@ class ModelRunner:
             self.graph_runner.warmup(self._run_padding_batch)
             if args.speculative_algorithm is not None:
                 self._calibrate_step_cost(self.graph_runner)
+            if compiled_extend_enabled():
+                self.extend_runner = ExtendGraphRunner(self.model, self.backend)
+                self.extend_runner.warmup(self._run_padding_extend)
         logger.info(
             "model %s (%s, %s, quantization %s): KV pool %d tokens, %.1f MiB, page_size %d",
             model_path,
@@ -337,7 +342,11 @@ class ModelRunner:
             out = (gr.forward_greedy if greedy else gr.forward)(ids, positions, md)[:bs]
             gr.cost.observe(bucket, work, time.perf_counter() - t0, gr.last_attention_s)
             return out
-        hidden = self.model(ids, positions, self.backend, md)
+        er = self.extend_runner
+        if er is not None and fi.mode == ForwardMode.EXTEND and er.serves(bs):
+            hidden = er.forward(ids, positions, md)
+        else:
+            hidden = self.model(ids, positions, self.backend, md)
         return torch.argmax(self.logits(hidden), dim=-1) if greedy else hidden
 
     def _bucket(self, mode: ForwardMode, tokens: int) -> int | None:
@@ -407,6 +416,14 @@ class ModelRunner:
         fi = ForwardInput(ForwardMode.DECODE, [], [], [], [], torch.zeros(0, dtype=torch.int64))
         self.forward(self._pad_decode(fi, bs))
         self.forward_greedy(self._pad_decode(fi, bs))
+
+    def _run_padding_extend(self, tokens: int) -> None:
+        """An extend forward of ``tokens`` padding tokens on the padding row (compiles the extend graphs;
+        touches only slot 0)."""
+        row = self.req_to_token_pool.padding_row
+        self.forward(
+            ForwardInput(ForwardMode.EXTEND, [row], [0], [tokens], [0] * tokens, torch.arange(tokens))
+        )
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
