@@ -342,8 +342,8 @@ def test_engine_sliding_window_equals_hf(
 
 def test_extend_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """RADIXRT_CPU_EXTEND_KERNEL picks the extend path; auto follows the CPU (the C kernel on AVX-512, only up
-    to AMX_C_EXTEND_MAX new tokens where AMX runs SDPA, never on AVX2) and the backend routes each forward by
-    its longest extend; a bad value is a ValueError naming the variable."""
+    to AMX_C_EXTEND_MAX new tokens of a batch of requests where AMX runs SDPA, never on AVX2) and the backend
+    routes each forward by its longest extend; a bad value is a ValueError naming the variable."""
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "sdpa")
     assert extend_kernel_max_tokens() == 0
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "C")
@@ -359,23 +359,27 @@ def test_extend_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = KVPool(256, 1, 2, 16, torch.float32)
     backend = TorchNativeBackend(pool, 4, 2, 16, 0.25)
     assert backend.use_extend_kernel == cpu_decode.available()
-    for n, c_kernel in ((AMX_C_EXTEND_MAX, True), (AMX_C_EXTEND_MAX + 1, False)):
+    for n, batch, c_kernel in (
+        (AMX_C_EXTEND_MAX, 2, True),
+        (AMX_C_EXTEND_MAX + 1, 2, False),
+        (AMX_C_EXTEND_MAX, 1, False),  # one request: the split path at any length where AMX runs SDPA
+    ):
         md = AttentionMetadata(
             mode=ForwardMode.EXTEND,
-            qo_indptr=torch.tensor([0, n]),
-            kv_indptr=torch.tensor([0, n]),
-            kv_indices=torch.arange(1, n + 1),
-            kv_last_page_len=torch.tensor([1]),
+            qo_indptr=torch.arange(batch + 1) * n,
+            kv_indptr=torch.arange(batch + 1) * n,
+            kv_indices=torch.arange(1, batch * n + 1),
+            kv_last_page_len=torch.ones(batch, dtype=torch.int64),
             page_size=1,
-            prefix_lens=torch.tensor([0]),
-            seq_lens=torch.tensor([n]),
-            out_cache_loc=torch.arange(1, n + 1),
+            prefix_lens=torch.zeros(batch, dtype=torch.int64),
+            seq_lens=torch.full((batch,), n),
+            out_cache_loc=torch.arange(1, batch * n + 1),
             max_extend_len=n,
             max_seq_len=n,
-            slot_table=torch.arange(1, n + 1)[None, :],
+            slot_table=torch.arange(1, batch * n + 1).reshape(batch, n),
         )
         backend.init_forward_metadata(md)
-        assert backend._extend_kernel == (c_kernel and cpu_decode.available())
+        assert backend._extend_kernel == (c_kernel and cpu_decode.available()), (n, batch)
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=EXTEND_KERNEL_ENV):
         extend_kernel_max_tokens()

@@ -22,6 +22,7 @@ from radixrt.layers import DenseLinear, Int4Linear, Int8Linear, QuantLinearBase,
 from radixrt.models.quantize import (
     DENSE_MIN_TOKENS,
     DENSE_MIN_TOKENS_AMX,
+    DENSE_MIN_TOKENS_INT4_TILES,
     default_dense_min_tokens,
     resolve_quantization,
 )
@@ -129,7 +130,7 @@ def test_keep_dense_weights_on_a_model() -> None:
 
 def test_default_dense_threshold_follows_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     """--dense-gemm-min-tokens unset: 16 rows in bf16 on a CPU with AMX (oneDNN's bf16 GEMM on AMX tiles)
-    unless the int4 kernel runs on the tiles too, else 32; a bad value is a ValueError naming the field."""
+    (64 where the int4 kernel runs on the tiles too), else 32; a bad value is a ValueError naming the field."""
     from radixrt.config.server_args import ServerArgs
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
@@ -137,7 +138,8 @@ def test_default_dense_threshold_follows_amx(monkeypatch: pytest.MonkeyPatch) ->
     assert default_dense_min_tokens(torch.bfloat16, cpu) == DENSE_MIN_TOKENS_AMX == 16
     assert default_dense_min_tokens(torch.float32, cpu) == DENSE_MIN_TOKENS == 32
     assert default_dense_min_tokens(torch.bfloat16, cuda) == DENSE_MIN_TOKENS
-    assert default_dense_min_tokens(torch.bfloat16, cpu, int4_tiles=True) == DENSE_MIN_TOKENS
+    assert default_dense_min_tokens(torch.bfloat16, cpu, int4_tiles=True) == DENSE_MIN_TOKENS_INT4_TILES == 64
+    assert default_dense_min_tokens(torch.float32, cpu, int4_tiles=True) == DENSE_MIN_TOKENS
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert default_dense_min_tokens(torch.bfloat16, cpu) == DENSE_MIN_TOKENS
     with pytest.raises(ValueError, match="dense_gemm_min_tokens"):

@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 # - AVX-512 with AMX (Sapphire Rapids and later): "c" up to AMX_C_EXTEND_MAX new tokens per request, longer
 #   ones "sdpa": torch's SDPA multiplies on AMX tiles there, which outruns the kernel's AVX512-BF16 dot
 #   products once the tokens amortize its K/V gather (per layer over a 3k prefix: 17 tokens 0.57x the
-#   time of gather + SDPA, 32 0.84x, 64 1.35x, 256 1.84x).
+#   time of gather + SDPA, 32 0.84x, 64 1.35x, 256 1.84x). That holds for batches of several requests; a
+#   single request's extend takes the split path at any length (`init_forward_metadata`: no gather there).
 # - AVX2: "sdpa". The kernel is register-blocked for AVX-512; it ran 256 new tokens over a 3k prefix at 32 tok/s
 #   against 246 through gather + SDPA, and a 512-token prefill at 237 against 512 (float32).
 EXTEND_KERNEL_ENV = "RADIXRT_CPU_EXTEND_KERNEL"
@@ -163,8 +164,15 @@ class TorchNativeBackend(AttentionBackend):
         self._cascade: cpu_cascade.SharedPrefix | None = None
         self._prefix_slots: torch.Tensor | slice | None = None
         self._causal = False  # set by `_plan_reference` for one request's plain prefill
+        one = (
+            self.use_decode_kernel and md.batch_size == 1 and not self.kv_fp8 and self.sliding_window is None
+        )
         self._extend_kernel = (
-            self.use_extend_kernel and SMALL_EXTEND < md.max_extend_len <= self.extend_kernel_max
+            self.use_extend_kernel
+            and SMALL_EXTEND < md.max_extend_len <= self.extend_kernel_max
+            # With AMX one request's extend runs faster split (prefix, then its own tokens; SDPA on the tiles)
+            # at any length: over a 360-3k prefix 17-48 tokens took 0.64-1.0x the C kernel's time.
+            and not (one and self.extend_kernel_max < C_EXTEND_ALWAYS)
         )
         if self._extend_kernel:
             return  # the C kernel reads md's slot table, qo_indptr and seq_lens as they are
@@ -205,7 +213,7 @@ class TorchNativeBackend(AttentionBackend):
             self._token_table = md.slot_table[req]
             self._token_lens = md.prefix_lens[req] + j + 1
             return
-        if self.use_decode_kernel and md.batch_size == 1 and not self.kv_fp8 and self.sliding_window is None:
+        if one:
             prefix = int(md.prefix_lens[0])
             if prefix > 0:  # one request over a cached prefix: prefix and new tokens apart (cpu_cascade)
                 self._prefix_slots = cpu_cascade.slot_run(md.slot_table[0, :prefix])

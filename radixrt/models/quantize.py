@@ -102,9 +102,13 @@ def _name(dtype: torch.dtype) -> str:
 # The batch size from which quantized linears multiply by their dense copy (``--dense-gemm-min-tokens``
 # unset): 32, or 16 in bf16 on a CPU with AMX. There oneDNN's bf16 GEMM runs on AMX tiles while radixrt's int4
 # kernel is bound by its AVX512-BF16 dot products at 16 rows (~60 GFLOP/s a core): a 16-stream decode of the
-# embedded model ran 1.4-1.9x faster through the copy, 8 streams alike (docs/cpu.md).
+# embedded model ran 1.4-1.9x faster through the copy, 8 streams alike (docs/cpu.md). Where the int4 kernel
+# runs on the tiles too, 64: the dense copy reads 4x the weight bytes, so up to ~64 rows it is bound by memory
+# (an extend of 32-48 tokens over a 360-3k cached prefix took 15-25% less time with the int4 kernel, 64 alike,
+# 100 a few percent more: docs/cpu.md, "Compiled extends").
 DENSE_MIN_TOKENS = 32
 DENSE_MIN_TOKENS_AMX = 16
+DENSE_MIN_TOKENS_INT4_TILES = 64
 
 
 def _int4_tiles() -> bool:
@@ -118,9 +122,11 @@ def default_dense_min_tokens(dtype: torch.dtype, device: torch.device, int4_tile
     """``--dense-gemm-min-tokens`` when unset, for a model in ``dtype`` on ``device``: `DENSE_MIN_TOKENS`, or
     `DENSE_MIN_TOKENS_AMX` in bf16 on an AMX CPU unless the int4 kernel multiplies on the tiles too
     (``int4_tiles``): its AVX512-BF16 dots are slower than the dense copy's AMX GEMM from 16 rows, its tile
-    path is faster up to ~32 (``python -m benchmarks.int4_gemm``)."""
+    path is as fast or faster up to ~64 (`DENSE_MIN_TOKENS_INT4_TILES`)."""
     amx = device.type == "cpu" and dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported()
-    return DENSE_MIN_TOKENS_AMX if amx and not int4_tiles else DENSE_MIN_TOKENS
+    if not amx:
+        return DENSE_MIN_TOKENS
+    return DENSE_MIN_TOKENS_INT4_TILES if int4_tiles else DENSE_MIN_TOKENS_AMX
 
 
 def apply_quantization(
