@@ -383,3 +383,61 @@ def test_extend_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=EXTEND_KERNEL_ENV):
         extend_kernel_max_tokens()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_extends_apart_match_the_masked_reference(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch the C kernel does not take (AMX, past AMX_C_EXTEND_MAX tokens) runs request by request: over
+    a prefix that is one slot run (read in place), a scattered prefix, and nothing cached; the output equals
+    the gather + masked SDPA reference backend's."""
+    monkeypatch.setenv(EXTEND_KERNEL_ENV, "auto")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    g = torch.Generator().manual_seed(3)
+    H, KVH, D = 6, 2, 32
+    pool = KVPool(1024, 1, KVH, D, dtype)
+    fast = TorchNativeBackend(pool, H, KVH, D, D**-0.5)
+    ref = TorchNativeBackend(pool, H, KVH, D, D**-0.5, use_decode_kernel=False)
+    prefixes, news = [120, 0, 75], [AMX_C_EXTEND_MAX + 9, 60, 17]
+    run = torch.arange(300, 300 + prefixes[0] + news[0])  # one ascending run of slots
+    scattered = torch.randperm(280, generator=g)[: prefixes[2] + news[2]] + 1
+    fresh = torch.arange(600, 600 + news[1])
+    tables = [run, fresh, scattered]
+    for t, p in zip(tables, prefixes, strict=True):  # the cached prefixes' K/V
+        pool.set_kv(0, t[:p], torch.randn(p, KVH, D, generator=g), torch.randn(p, KVH, D, generator=g))
+    width = max(len(t) for t in tables)
+    slot_table = torch.zeros(3, width, dtype=torch.int64)
+    for r, t in enumerate(tables):
+        slot_table[r, : len(t)] = t
+    qo = torch.tensor([0, *torch.cumsum(torch.tensor(news), 0).tolist()])
+    seq = torch.tensor([p + n for p, n in zip(prefixes, news, strict=True)])
+    md = AttentionMetadata(
+        mode=ForwardMode.EXTEND,
+        qo_indptr=qo,
+        kv_indptr=torch.tensor([0, *torch.cumsum(seq, 0).tolist()]),
+        kv_indices=torch.cat(tables),
+        kv_last_page_len=torch.ones(3, dtype=torch.int64),
+        page_size=1,
+        prefix_lens=torch.tensor(prefixes),
+        seq_lens=seq,
+        out_cache_loc=torch.cat([t[p:] for t, p in zip(tables, prefixes, strict=True)]),
+        max_extend_len=max(news),
+        max_seq_len=int(seq.max()),
+        slot_table=slot_table,
+    )
+    T = int(qo[-1])
+    q = torch.randn(T, H, D, generator=g).to(dtype)
+    k = torch.randn(T, KVH, D, generator=g).to(dtype)
+    v = torch.randn(T, KVH, D, generator=g).to(dtype)
+    fast.init_forward_metadata(md)
+    assert fast._requests is not None and not fast._extend_kernel
+    assert isinstance(fast._requests[0][2], slice) and fast._requests[1][2] is None
+    assert isinstance(fast._requests[2][2], torch.Tensor)
+    got = fast.forward(q, k, v, 0, md)
+    ref.init_forward_metadata(md)
+    assert ref._requests is None
+    want = ref.forward(q, k, v, 0, md)
+    tol = {"rtol": 2e-5, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 2**-6}
+    torch.testing.assert_close(got.float(), want.float(), **tol)
