@@ -43,6 +43,9 @@ CHECKPOINT_VERSION = "ckpt-v2"
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
                  num_key_value_heads=2),
+    # ~41M parameters: the fp32 end-to-end comparison with HF generate (benchmarks/hf_e2e.py).
+    "40m": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=12, num_attention_heads=8,
+                num_key_value_heads=2),
     "88m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                 num_key_value_heads=4),
     # TinyLlama-1.1B's shape (GQA 8:1), for the GPU benchmark.
