@@ -261,3 +261,23 @@ def test_extend_over_a_prefix_run_reads_in_place() -> None:
     gathered = cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, slots, 0.125)
     in_place = cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, run, 0.125)
     assert torch.equal(gathered, in_place)
+
+
+def test_pad_tokens_aligns_and_keeps_causal_attention() -> None:
+    """Zeros appended up to a multiple of CAUSAL_ALIGN; causal SDPA of the padded block, cut back, equals the
+    unpadded one (padded keys come after every real query)."""
+    g = torch.Generator().manual_seed(2)
+    for n in (1, 31, 32, 33, 361):
+        x = torch.randn(n, 3, 8, generator=g)
+        padded = cpu_cascade.pad_tokens(x, 0)
+        assert (
+            padded.shape[0] % cpu_cascade.CAUSAL_ALIGN == 0 and padded.shape[0] - n < cpu_cascade.CAUSAL_ALIGN
+        )
+        assert torch.equal(padded[:n], x) and not padded[n:].any()
+        if n % cpu_cascade.CAUSAL_ALIGN == 0:
+            assert padded is x
+        q = torch.randn(1, 3, n, 8, generator=g)
+        want = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        p = cpu_cascade.pad_tokens(q, 2)
+        got = F.scaled_dot_product_attention(p, p, p, is_causal=True)[:, :, :n]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -42,6 +42,9 @@ __all__ = [
 CASCADE_ENV = "RADIXRT_CPU_CASCADE_MIN"
 CASCADE_MIN_DEFAULT = 4096
 MIN_SHARING = 4
+# Causal blocks are padded to a multiple of this many tokens: torch's CPU flash attention ran an unaligned
+# block of keys up to ~3x slower (361 tokens causal, 9 heads, bf16, AMX: 1.2-3.2 ms against 0.6-0.9 for 384).
+CAUSAL_ALIGN = 32
 
 
 def cascade_min_positions() -> int:
@@ -173,13 +176,27 @@ def extend_over_prefix(
     heads = q.transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
     new_k = k.transpose(0, 1).repeat_interleave(G, dim=0).unsqueeze(0)
     new_v = v.transpose(0, 1).repeat_interleave(G, dim=0).unsqueeze(0)
+    heads, new_k, new_v = (pad_tokens(t, 2) for t in (heads, new_k, new_v))
     new_out, new_lse = flash(heads, new_k, new_v, 0.0, True, scale=scale)
+    new_out, new_lse = new_out[:, :, :Q], new_lse[:, :, :Q]
     lse_a, lse_b = pre_lse.reshape(H, Q), new_lse.reshape(H, Q)
     top = torch.maximum(lse_a, lse_b)
     wa, wb = torch.exp(lse_a - top), torch.exp(lse_b - top)
     total = wa + wb
     out = pre_out.reshape(H, Q, D) * (wa / total).unsqueeze(-1) + new_out[0] * (wb / total).unsqueeze(-1)
     return out.to(q.dtype).transpose(0, 1)
+
+
+def pad_tokens(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` with zeros appended along its token dimension ``dim`` up to a multiple of `CAUSAL_ALIGN` (``x``
+    itself when aligned). For causal attention only: a padded query row is dropped after, a padded key sits
+    after every real query and is masked out by causality."""
+    pad = -x.shape[dim] % CAUSAL_ALIGN
+    if pad == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
 
 def slot_run(slots: torch.Tensor) -> torch.Tensor | slice:

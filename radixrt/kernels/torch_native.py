@@ -342,16 +342,18 @@ class TorchNativeBackend(AttentionBackend):
         return out
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention of one request's new tokens ``[T, H or KVH, D]`` over themselves."""
+        """Causal attention of one request's new tokens ``[T, H or KVH, D]`` over themselves (padded to an
+        aligned length: `cpu_cascade.pad_tokens`)."""
+        t = q.shape[0]
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None],
-            k.transpose(0, 1)[None],
-            v.transpose(0, 1)[None],
+            cpu_cascade.pad_tokens(q, 0).transpose(0, 1)[None],
+            cpu_cascade.pad_tokens(k, 0).transpose(0, 1)[None],
+            cpu_cascade.pad_tokens(v, 0).transpose(0, 1)[None],
             is_causal=True,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return out[0].transpose(0, 1)
+        return out[0, :, :t].transpose(0, 1)
 
     def _reference(
         self,
