@@ -155,10 +155,11 @@ def test_health_answers_while_a_long_batch_is_tokenized(c: httpx.Client) -> None
     worker.join()
     assert "temperature" in _error(result["r"], 400)["message"]
     assert result["s"] > 0.5, "the batch should take seconds to tokenize"
-    # never blocked for the tokenization (seconds); typically answered in milliseconds (a busy 2-core machine
-    # may stall one probe for a scheduler slice, so the bound is on the median, not on every probe)
+    # never blocked for the tokenization (seconds): a probe that waited for it would take nearly the batch's
+    # whole time; typically answered in milliseconds (a busy 2-core machine, the tokenizer's threads on both
+    # cores, stalled one probe for 0.63 s of a 1.47 s batch once, so the tight bound is on the median)
     median = sorted(latencies)[len(latencies) // 2]
-    assert len(latencies) >= 5 and max(latencies) < result["s"] / 3 and median < 0.1, (
+    assert len(latencies) >= 5 and max(latencies) < 0.6 * result["s"] and median < 0.1, (
         result["s"], max(latencies), median,
     )  # fmt: skip
 
