@@ -17,6 +17,19 @@ def prompts_of(lengths: list[int], seed: int = 0, vocab: int = 8000) -> list[lis
     return [[rng.randrange(10, vocab) for _ in range(n)] for n in lengths]
 
 
+def record_token_counts(obj: Any, name: str) -> list[int]:
+    """Wrap ``obj.name(ids, positions, md)`` so the test sees the token count (``ids.shape[0]``) of every call."""
+    seen: list[int] = []
+    inner = getattr(obj, name)
+
+    def spy(ids: Any, positions: Any, md: Any) -> Any:
+        seen.append(int(ids.shape[0]))
+        return inner(ids, positions, md)
+
+    setattr(obj, name, spy)
+    return seen
+
+
 def make_engine(path: Path, **kw: Any) -> Engine:
     kw.setdefault("max_total_tokens", 4096)
     kw.setdefault("dtype", "float32")  # the HF-parity oracles are exact in fp32 (auto picks bf16 here)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixrt.worker.graph_runner import compile_buckets
-from tests.engine_fixtures import prompts_of
+from tests.engine_fixtures import prompts_of, record_token_counts
 from tests.hf_reference import hf_greedy
 
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
@@ -25,16 +25,7 @@ def test_buckets() -> None:
 def count_compiled(eng) -> list[int]:  # type: ignore[no-untyped-def]
     """Wrap the graph runner so the test sees the padded batch size of every compiled forward (plain and
     greedy-head forwards both run the compiled layers)."""
-    gr = eng.worker.scheduler.runner.graph_runner
-    seen: list[int] = []
-    inner = gr._layers
-
-    def spy(ids, positions, md):  # type: ignore[no-untyped-def]
-        seen.append(int(ids.shape[0]))
-        return inner(ids, positions, md)
-
-    gr._layers = spy
-    return seen
+    return record_token_counts(eng.worker.scheduler.runner.graph_runner, "_layers")
 
 
 def test_greedy_head_and_sampled_path_agree(tiny_llama: Path, engine_factory) -> None:

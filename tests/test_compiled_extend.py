@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from radixrt.worker import extend_graphs
-from tests.engine_fixtures import prompts_of
+from tests.engine_fixtures import prompts_of, record_token_counts
 from tests.hf_reference import hf_greedy
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
@@ -18,15 +18,7 @@ def count_extends(eng) -> list[int]:  # type: ignore[no-untyped-def]
     """Record the new-token count of every forward the compiled extend path runs."""
     er = eng.worker.scheduler.runner.extend_runner
     assert er is not None
-    seen: list[int] = []
-    inner = er.forward
-
-    def spy(ids, positions, md):  # type: ignore[no-untyped-def]
-        seen.append(int(ids.shape[0]))
-        return inner(ids, positions, md)
-
-    er.forward = spy
-    return seen
+    return record_token_counts(er, "forward")
 
 
 @pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3"])

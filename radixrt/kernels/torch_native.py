@@ -327,18 +327,19 @@ class TorchNativeBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Each request's new tokens over its cached prefix (`cpu_cascade.extend_over_prefix`) or, with none,
         over themselves."""
-        if len(requests) == 1:
-            start, end, prefix = requests[0]
+
+        def one(
+            qr: torch.Tensor, kr: torch.Tensor, vr: torch.Tensor, prefix: torch.Tensor | slice | None
+        ) -> torch.Tensor:
             if prefix is None:
-                return self._prefill(q, k, v)
-            return cpu_cascade.extend_over_prefix(q, k, v, k_buf, v_buf, prefix, self.scale)
+                return self._prefill(qr, kr, vr)
+            return cpu_cascade.extend_over_prefix(qr, kr, vr, k_buf, v_buf, prefix, self.scale)
+
+        if len(requests) == 1:  # the batch's tokens are the request's: no output copy
+            return one(q, k, v, requests[0][2])
         out = torch.empty_like(q)
         for start, end, prefix in requests:
-            qr, kr, vr = q[start:end], k[start:end], v[start:end]
-            if prefix is None:
-                out[start:end] = self._prefill(qr, kr, vr)
-            else:
-                out[start:end] = cpu_cascade.extend_over_prefix(qr, kr, vr, k_buf, v_buf, prefix, self.scale)
+            out[start:end] = one(q[start:end], k[start:end], v[start:end], prefix)
         return out
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -33,7 +32,13 @@ from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.layers.routed_experts import compiled_experts
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.moe import SparseMoE
-from radixrt.worker.graph_runner import _CURRENT, _layer_step, _raise_recompile_limit, layer_kind
+from radixrt.worker.graph_runner import (
+    _CURRENT,
+    _layer_step,
+    _raise_recompile_limit,
+    fresh_function,
+    layer_kind,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +47,7 @@ MIN_TOKENS = 64  # forwards of fewer new tokens run eagerly (module doc)
 
 def _dynamic(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """``fn`` compiled with a symbolic token count, guards kept, under a fresh code object (its own cache)."""
-    code = fn.__code__.replace(co_name=name)
-    fresh = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-    return torch.compile(fresh, dynamic=True, fullgraph=True)
+    return torch.compile(fresh_function(fn, name), dynamic=True, fullgraph=True)
 
 
 class ExtendGraphRunner:

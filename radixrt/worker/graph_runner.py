@@ -204,15 +204,22 @@ def layer_kind(layer: torch.nn.Module) -> Hashable:
     return tuple(parts)
 
 
+def fresh_function(
+    fn: Callable[..., Any], name: str, defaults: tuple[Any, ...] | None = None
+) -> Callable[..., Any]:
+    """A copy of ``fn`` under a fresh code object named ``name`` (dynamo keeps one cache per code object), with
+    ``defaults`` in place of its default argument values when given."""
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, defaults or fn.__defaults__, fn.__closure__)
+
+
 def _unguarded(
     fn: Callable[..., Any], name: str, defaults: tuple[Any, ...] | None = None
 ) -> Callable[..., Any]:
     """``fn`` compiled without dynamo guards, under a fresh code object (its own dynamo cache), with
     ``defaults`` in place of its default argument values when given."""
-    code = fn.__code__.replace(co_name=name)
-    fresh = types.FunctionType(code, fn.__globals__, name, defaults or fn.__defaults__, fn.__closure__)
     return torch.compile(
-        fresh,
+        fresh_function(fn, name, defaults),
         dynamic=False,
         fullgraph=True,
         options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
