@@ -72,9 +72,11 @@ def test_decode_sliding_window_and_per_head_scales(fmt: torch.dtype, window: int
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=["e4m3", "e5m2"])
-def test_every_finite_code_widens_exactly(fmt: torch.dtype) -> None:
+@pytest.mark.parametrize("qtype", QTYPES, ids=["bf16", "fp32"])
+def test_every_finite_code_widens_exactly(fmt: torch.dtype, qtype: torch.dtype) -> None:
     """One position per request: the output is its V row, i.e. every code (subnormals, zeros of both signs,
-    the largest finite values) widened and scaled, bit for bit, by both kernels."""
+    the largest finite values) widened and scaled, bit for bit, by both kernels, with a float32 or a bf16
+    query (every code times a power of two is exact in bf16, so a bf16 output is exact too)."""
     codes = torch.arange(256, dtype=torch.uint8)
     finite = codes[torch.isfinite(codes.view(fmt).float())]
     D, n = 32, -(-finite.numel() // 32)
@@ -85,12 +87,43 @@ def test_every_finite_code_widens_exactly(fmt: torch.dtype) -> None:
     vs = torch.tensor([2.0**-5])
     want = dequantize_fp8(vq)[:, 0] * vs
     table, lens = torch.arange(n)[:, None], torch.ones(n, dtype=torch.int64)
-    q = torch.randn(n, 2, D)
-    got = cpu_decode.paged_decode_attention(q, kq, vq, table, lens, 1.0, v_scale=vs)
+    q = torch.randn(n, 2, D).to(qtype)
+    got = cpu_decode.paged_decode_attention(q, kq, vq, table, lens, 1.0, v_scale=vs).float()
     assert torch.equal(got[:, 0], want) and torch.equal(got[:, 1], want)
     qo = torch.arange(n + 1)
-    got = cpu_extend.paged_extend_attention(q, kq, vq, table, qo, lens, 1.0, v_scale=vs)
+    got = cpu_extend.paged_extend_attention(q, kq, vq, table, qo, lens, 1.0, v_scale=vs).float()
     assert torch.equal(got[:, 0], want) and torch.equal(got[:, 1], want)
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=["bf16", "fp32"])
+def test_every_finite_key_code_scores_exactly(qtype: torch.dtype) -> None:
+    """Every finite e4m3 code as a key: query head h is one-hot at channel h, so its score is exactly that
+    channel's code times its (power-of-two) K scale; against a zero key and V rows +1 / -1 the output is
+    tanh(score / 2), which a misread code (a subnormal taken as zero or as twice its value, a lost sign)
+    moves by far more than the output's rounding."""
+    fmt = torch.float8_e4m3fn
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[torch.isfinite(codes.view(fmt).float())]
+    D = 32
+    n = -(-finite.numel() // D)
+    keys = torch.zeros(n * D, dtype=torch.uint8)
+    keys[: finite.numel()] = finite
+    kq = torch.zeros(2 * n, 1, D, dtype=torch.uint8)
+    kq[0::2, 0] = keys.view(n, D)  # slot 2r: the codes; slot 2r + 1: a zero key
+    kq = kq.view(fmt)
+    vq = torch.ones(2 * n, 1, D).to(fmt)
+    vq[1::2] = torch.tensor(-1.0).to(fmt)
+    ks = torch.exp2(torch.arange(D) % 5 - 2.0).float()[None]  # [1, D] per channel: 1/4 .. 4
+    vs = torch.ones(1)
+    q = torch.eye(D)[None].expand(n, D, D).contiguous().to(qtype)  # head h one-hot at channel h
+    table, lens = torch.arange(2 * n).view(n, 2), torch.full((n,), 2, dtype=torch.int64)
+    got = cpu_decode.paged_decode_attention(q, kq, vq, table, lens, 1.0, k_scale=ks, v_scale=vs).float()
+    kf = dequantize_fp8(kq) * ks
+    want = torch.tanh((kf[0::2, 0, None, :] * torch.eye(D)).sum(-1)[..., None] / 2).expand(n, D, D)
+    # rtol: the bf16 output's rounding (2^-8 relative), or float32's of 1 - p near p = 1 (the smallest scores);
+    # far below a misread code's error (a factor of 2 or more)
+    rtol = 2**-8 if qtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(got, want, rtol=rtol, atol=1e-30)
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=["e4m3", "e5m2"])

@@ -66,14 +66,19 @@ def test_matches_the_dequantized_weight(n_planes: int, n: int, k: int, group: in
                                                (8, 64, 16), (1000, 576, 32)])  # fmt: skip
 @pytest.mark.parametrize("threads", [1, 3])
 def test_u8_matches_the_dequantized_weight(n: int, k: int, group: int, threads: int) -> None:
+    """Both layouts of the scales (float32 scale and zb; bf16 scale and zero, where all are bf16 values) meet
+    the exact product's bound and give the same bits."""
     g = torch.Generator().manual_seed(n + k + group)
     u = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
     u[0] = 255  # the extreme codes
     u[1] = 0
     scales = (torch.rand(n, k // group, generator=g) * 0.01).bfloat16().float()
-    zeros = (torch.randn(n, k // group, generator=g) * 0.5).float()
+    zeros = (torch.randn(n, k // group, generator=g) * 0.5).bfloat16().float()
     w = (u.double().view(n, k // group, group) - 136) * scales.double()[..., None] + zeros.double()[..., None]
     packed = int4_gemm.pack_u8(u, scales, zeros, group)
+    packed16 = int4_gemm.pack_u8(u, scales, zeros, group, torch.bfloat16)
+    assert packed.sz.dtype == torch.float32 and packed16.sz.dtype == torch.bfloat16
+    assert packed16.nbytes() < packed.nbytes()
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -81,10 +86,24 @@ def test_u8_matches_the_dequantized_weight(n: int, k: int, group: int, threads: 
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
             y = int4_gemm.u8_mm(x, packed)
             assert y.shape == (m, n) and y.dtype == torch.bfloat16
+            assert torch.equal(int4_gemm.u8_mm(x, packed16), y)
             if m:
                 _check_close(y, x, w.view(n, k))
     finally:
         torch.set_num_threads(old)
+
+
+def test_u8_keeps_float32_scales_unless_all_are_bf16_values() -> None:
+    """A zero that is not a bf16 value (two planes' zeros summed, say) keeps the float32 layout."""
+    u = torch.randint(0, 256, (32, 64), dtype=torch.uint8)
+    scales = torch.full((32, 2), 2.0**-7)
+    zeros = torch.full((32, 2), 1.0 + 2.0**-12)  # not a bf16 value
+    assert int4_gemm.pack_u8(u, scales, zeros, 32, torch.bfloat16).sz.dtype == torch.float32
+    assert (
+        int4_gemm.pack_u8(u, scales, zeros.bfloat16().float(), 32, torch.bfloat16).sz.dtype == torch.bfloat16
+    )
+    with pytest.raises(ValueError, match="float16"):
+        int4_gemm.pack_u8(u, scales, zeros, 32, torch.float16)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])
@@ -171,7 +190,7 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(RuntimeError, match="K and the group size"):
         op8(torch.randn(2, 128).bfloat16(), u8.codes, u8.sz, 32)
     with pytest.raises(RuntimeError, match="sz must be"):
-        op8(torch.randn(2, 64).bfloat16(), u8.codes, u8.sz.bfloat16(), 32)
+        op8(torch.randn(2, 64).bfloat16(), u8.codes, u8.sz.half(), 32)
     with pytest.raises(RuntimeError, match="codes must be"):
         op8(torch.randn(2, 64).bfloat16(), p.codes, u8.sz, 32)
     with pytest.raises(ValueError, match="scales/zeros"):
@@ -242,6 +261,8 @@ def test_amx_tiles_and_avx512_paths_agree(n_planes: int, n: int, k: int, group: 
     u = torch.randint(0, 256, (n, k), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
     s8 = scales[0] * 0.1
     w8 = int4_gemm.pack_u8(u, s8, zeros[0], group)
+    w8_bf16 = int4_gemm.pack_u8(u, s8.bfloat16().float(), zeros[0].bfloat16().float(), group, torch.bfloat16)
+    assert w8_bf16.sz.dtype == torch.bfloat16
     ref8 = (u.double().view(n, k // group, group) - 136) * s8.double()[..., None] + zeros[0].double()[
         ..., None
     ]
@@ -256,6 +277,9 @@ def test_amx_tiles_and_avx512_paths_agree(n_planes: int, n: int, k: int, group: 
                 out[rows] = (int4_gemm.int4_mm(x, packed), int4_gemm.u8_mm(x, w8))
                 _check_close(out[rows][0], x, w)
                 _check_close(out[rows][1], x, ref8.view(n, k))
+                # the bf16 scale layout: the float32 layout's bits for the same (bf16-valued) weights
+                w8_f32 = int4_gemm.pack_u8(u, s8.bfloat16().float(), zeros[0].bfloat16().float(), group)
+                assert torch.equal(int4_gemm.u8_mm(x, w8_bf16), int4_gemm.u8_mm(x, w8_f32))
             for tiles, avx in zip(out[1], out[0], strict=True):
                 torch.testing.assert_close(tiles.float(), avx.float(), rtol=2**-7, atol=1e-5)
     finally:

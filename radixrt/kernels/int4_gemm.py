@@ -187,26 +187,43 @@ def int4_mm(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:
 
 class U8Packed(Int4Packed):
     """One linear's 8-bit codes in the layout of ``radixrt_int4::mm_u8`` (the same fields as
-    :class:`Int4Packed`): ``codes`` uint8 ``[N/16, K/2, 32]`` and ``sz`` float32 ``[N/16, K/G, 2, 16]`` (per
-    group, the 16 columns' scales, then ``zero - 136 * scale``), for ``out_features`` of the padded N."""
+    :class:`Int4Packed`): ``codes`` uint8 ``[N/16, K/2, 32]`` and ``sz`` ``[N/16, K/G, 2, 16]``, per group the 16
+    columns' scales, then either ``zero - 136 * scale`` in float32 or (bf16 kernels, when every scale and zero
+    is a bf16 value) the zeros in bfloat16, for ``out_features`` of the padded N."""
 
 
-def pack_u8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> U8Packed:
+def pack_u8(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    dtype: torch.dtype = torch.float32,
+) -> U8Packed:
     """Pack ``w = (codes - 136) * scales + zeros`` (codes ``[N, K]`` in 0..255; scales and zeros
-    ``[N, K / group_size]``, float32) for :func:`u8_mm`. ``zero - 136 * scale`` is formed in float32 here,
-    as the int4 kernel forms it in registers. N is padded to 16 with zero weights."""
+    ``[N, K / group_size]``, float32) for :func:`u8_mm` with ``dtype`` activations.
+
+    Scales and zeros are kept in bfloat16 when ``dtype`` is bfloat16 and all of them are bf16 values (a bf16
+    model's are): 4 bytes a group instead of 8, which decode reads from memory every step (the LM head's
+    scales are 1/8 of its bytes at float32); the kernel forms ``zero - 136 * scale`` in float32 as the float32
+    layout stores it, so the two layouts give the same result bit for bit. Otherwise ``zero - 136 * scale`` is
+    formed in float32 here. N is padded to 16 with zero weights."""
     n, k = codes.shape
     if k % 2 or k % group_size or group_size % 16:
         raise ValueError(f"u8 kernel: K={k} must be a multiple of group_size={group_size}, itself of 16")
     if scales.shape != (n, k // group_size) or zeros.shape != scales.shape:
         raise ValueError(f"u8 kernel: scales/zeros {tuple(scales.shape)} != {(n, k // group_size)}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"u8 kernel: activations are bfloat16 or float32, not {dtype}")
     pad = (-n) % 16
     c = F.pad(codes.to(torch.uint8), (0, 0, 0, pad), value=136)
     nb = (n + pad) // 16
     pairs = c.view(nb, 16, k // 2, 2).permute(0, 2, 1, 3)  # [NB, K/2, 16 columns, 2 k]
     s = F.pad(scales.float(), (0, 0, 0, pad))
-    zb = F.pad(zeros.float(), (0, 0, 0, pad)) - 136.0 * s
-    sz = torch.stack([s, zb], -1).view(nb, 16, k // group_size, 2).permute(0, 2, 3, 1)  # [NB, G, 2, 16]
+    z = F.pad(zeros.float(), (0, 0, 0, pad))
+    bf16 = dtype == torch.bfloat16 and all(torch.equal(t.bfloat16().float(), t) for t in (s, z))
+    sz = torch.stack([s, z] if bf16 else [s, z - 136.0 * s], -1)
+    sz = sz.view(nb, 16, k // group_size, 2).permute(0, 2, 3, 1)  # [NB, G, 2, 16]
+    sz = sz.bfloat16() if bf16 else sz
     return U8Packed(pairs.reshape(nb, k // 2, 32).contiguous(), sz.contiguous(), group_size, n)
 
 

@@ -372,7 +372,7 @@ class Int4Linear(QuantLinearBase):
         if self.n_planes == 2 and torch.equal(scales[0], 16 * scales[1]):
             # (hi - 8) 16 s + z_hi + (lo - 8) s + z_lo = (16 hi + lo - 136) s + (z_hi + z_lo)
             u = codes[0].to(torch.int32) * 16 + codes[1].to(torch.int32)
-            w8 = pack_u8(u, scales[1], zeros[0] + zeros[1], self.group_size)
+            w8 = pack_u8(u, scales[1], zeros[0] + zeros[1], self.group_size, dtype)
             self.register_buffer("u8_codes", w8.codes, persistent=False)
             self.register_buffer("u8_sz", w8.sz, persistent=False)
             self.kernel_dtype = dtype

@@ -28,7 +28,9 @@
 // u becomes an exact bf16 value by a widening, an int -> fp32 conversion and a bf16 pack (every u < 256 is
 // exact in bf16). Layout: for column block b and input pair j (k = 2 j, 2 j + 1), 32 bytes, byte 2 c + t the
 // code of column 16 b + c at k = 2 j + t; scales and zb = z - 136 s in fp32 [N / 16, K / G, 2, 16] (one
-// 128-byte line per block and group): 1.25 bytes a weight, as the two planes' layout.
+// 128-byte line per block and group: 1.25 bytes a weight at G = 32, as the two planes' layout), or, where
+// every scale and zero is a bf16 value (what a bf16 model's linears hold), the scales and zeros in bf16 as the
+// int4 layout's (one 64-byte line: 1.125 bytes a weight; decode streams the LM head from memory every step).
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -43,6 +45,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -99,10 +102,11 @@ inline void block_kernel(const uint16_t* x, int64_t ldx, const float* sx, int64_
 }
 
 // The 8-bit-code analog of block_kernel: rows [0, MB) against CB blocks of the mm_u8 layout; `sz` holds the
-// fp32 scale and zb lines.
-template <int MB, int CB>
+// fp32 scale and zb lines (SzT float) or the bf16 scale and zero lines (SzT uint16_t: zb = z - 136 s formed
+// here, as block_kernel does; 136 s is exact in fp32, so zb is the fp32 layout's value bit for bit).
+template <int MB, int CB, typename SzT>
 inline void block_kernel_u8(const uint16_t* x, int64_t ldx, const float* sx, int64_t groups,
-                            const uint8_t* codes, int64_t block_code_stride, const float* sz,
+                            const uint8_t* codes, int64_t block_code_stride, const SzT* sz,
                             int64_t block_sz_stride, int64_t group_size, float* acc) {
   const int64_t pairs = group_size / 2;
   for (int64_t g = 0; g < groups; ++g) {
@@ -127,9 +131,15 @@ inline void block_kernel_u8(const uint16_t* x, int64_t ldx, const float* sx, int
       }
     }
     for (int c = 0; c < CB; ++c) {
-      const float* line = sz + c * block_sz_stride + g * 32;
-      const __m512 s = _mm512_loadu_ps(line);
-      const __m512 zb = _mm512_loadu_ps(line + 16);
+      const SzT* line = sz + c * block_sz_stride + g * 32;
+      __m512 s, zb;
+      if constexpr (std::is_same_v<SzT, float>) {
+        s = _mm512_loadu_ps(line);
+        zb = _mm512_loadu_ps(line + 16);
+      } else {
+        s = bf16x16_to_f32(line);
+        zb = _mm512_fnmadd_ps(_mm512_set1_ps(136.f), s, bf16x16_to_f32(line + 16));
+      }
       for (int i = 0; i < MB; ++i) {
         float* dst = acc + i * CB * 16 + c * 16;
         __m512 a = _mm512_fmadd_ps(part[i][c], s, _mm512_loadu_ps(dst));
@@ -179,7 +189,11 @@ struct Int4Kernel {
 };
 template <int MB, int CB>
 struct U8Kernel {
-  static constexpr auto run = block_kernel_u8<MB, CB>;
+  static constexpr auto run = block_kernel_u8<MB, CB, float>;
+};
+template <int MB, int CB>
+struct U8KernelBf16 {
+  static constexpr auto run = block_kernel_u8<MB, CB, uint16_t>;
 };
 
 // sx[r, g]: each row's sum over each group, fp32 (the zero's contribution).
@@ -321,26 +335,38 @@ at::Tensor u8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
                   codes.size(2) == 32,
               "radixrt_int4::mm_u8: codes must be contiguous uint8 [N/16, K/2, 32]");
-  TORCH_CHECK(sz.dim() == 4 && sz.scalar_type() == at::kFloat && sz.is_contiguous() && sz.size(2) == 2 &&
-                  sz.size(3) == 16,
-              "radixrt_int4::mm_u8: sz must be contiguous float32 [N/16, K/G, 2, 16]");
+  const bool bf16_sz = sz.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(sz.dim() == 4 && (sz.scalar_type() == at::kFloat || bf16_sz) && sz.is_contiguous() &&
+                  sz.size(2) == 2 && sz.size(3) == 16,
+              "radixrt_int4::mm_u8: sz must be contiguous float32 (scale, zb) or bfloat16 (scale, zero) "
+              "[N/16, K/G, 2, 16]");
   const int64_t m = x.size(0), k = x.size(1), nblocks = codes.size(0);
   const int64_t groups = checked_groups(k, group_size, "radixrt_int4::mm_u8");
   TORCH_CHECK(codes.size(1) * 2 == k && sz.size(0) == nblocks && sz.size(1) == groups,
               "radixrt_int4::mm_u8: codes / scales do not match x's K and the group size");
   at::Tensor out = at::empty({m, nblocks * 16}, x.options());
   if (m == 0 || nblocks == 0) return out;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const auto* szh = bf16_sz ? reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>()) : nullptr;
 #ifdef RADIXRT_INT4_AMX
   if (use_amx(m, group_size)) {
-    amx::gemm<true, float>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
-                           codes.data_ptr<uint8_t>(), (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
-                           reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+    if (bf16_sz) {
+      amx::gemm<true, uint16_t>(xp, m, k, group_size, cp, (k / 2) * 32, szh, groups * 32, 1, nblocks, op);
+    } else {
+      amx::gemm<true, float>(xp, m, k, group_size, cp, (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
+                             op);
+    }
     return out;
   }
 #endif
-  run_gemm<float, U8Kernel>(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, group_size,
-                            codes.data_ptr<uint8_t>(), (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
-                            reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+  if (bf16_sz) {
+    run_gemm<uint16_t, U8KernelBf16>(xp, m, k, group_size, cp, (k / 2) * 32, szh, groups * 32, 1, nblocks, op);
+  } else {
+    run_gemm<float, U8Kernel>(xp, m, k, group_size, cp, (k / 2) * 32, sz.data_ptr<float>(), groups * 32, 1, nblocks,
+                              op);
+  }
   return out;
 }
 
