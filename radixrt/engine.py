@@ -21,6 +21,7 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.transport.client import WorkerDeadError
 from radixrt.transport.inprocess import InProcessWorker
 from radixrt.transport.protocol import FlushCacheReq, GetStatsReq
+from radixrt.worker.threads import hold_short_switch_interval, release_short_switch_interval
 
 
 class Engine:
@@ -54,6 +55,7 @@ class Engine:
         )
         self._loop_thread.start()
         self._closed = False
+        hold_short_switch_interval()  # the scheduler thread shares the GIL with the caller's threads
 
     # -- generation -----------------------------------------------------------------------------
     @staticmethod
@@ -205,9 +207,12 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        self.worker.shutdown()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join(timeout=10)
+        try:
+            self.worker.shutdown()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=10)
+        finally:
+            release_short_switch_interval()
 
     def __enter__(self) -> Engine:
         return self
