@@ -109,7 +109,7 @@ def test_matches_sdpa(dtype: torch.dtype, seq_lens: list[int], H: int, KVH: int,
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp32"])
-@pytest.mark.parametrize("D", [48, 128, 16, 80], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("D", [48, 128, 16, 80, 40], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize(("H", "KVH"), [(6, 2), (10, 2), (16, 2)], ids=["gqa3", "gqa5", "gqa8"])
 def test_head_dims_and_group_sizes(dtype: torch.dtype, D: int, H: int, KVH: int, threads: int) -> None:
     q, k_buf, v_buf, table, lens = make_case([1, 333, 1100], H, KVH, D, dtype, seed=D + H)

@@ -44,65 +44,68 @@
 #define GQ 4                   /* query heads whose accumulators are kept in registers at once */
 #define MIN_PARALLEL_ROWS 384  /* below this many K rows in all, the call runs on the calling thread */
 
-/* A row of D elements is handled as NP = ceil(D / 32) pairs of float vectors (2 * NP vectors), the last
- * pair zero padded; kt is the K/V element kind (KV_F32, KV_BF16, KV_E4M3, KV_E5M2 of paged_simd.h). For
- * bf16 a pair is one 64-byte load: the low halves of its 32-bit lanes (shifted up) are the even elements
- * and the high halves (masked) the odd ones, one integer op per 16 elements; the queries and accumulators
- * use the same lane order. For f32 a pair is simply 32 consecutive floats, and for float8 32 consecutive
- * codes (one 32-byte load) widened by fp8x32_to_f32, in the f32 lane order. */
+/* A row of D elements is handled as NP = ceil(D / PW) pairs of float vectors (2 * NP vectors, PW = 2 VL
+ * elements a pair: 32 with AVX-512, 16 on AVX2), the last pair zero padded; kt is the K/V element kind
+ * (KV_F32, KV_BF16, KV_E4M3, KV_E5M2 of paged_simd.h). For bf16 a pair is one vector load: the low halves
+ * of its 32-bit lanes (shifted up) are the even elements and the high halves (masked) the odd ones, one
+ * integer op per VL elements; the queries and accumulators use the same lane order. For f32 a pair is
+ * simply PW consecutive floats, and for float8 PW consecutive codes widened by fp8x32_to_f32, in the f32
+ * lane order. */
+#define PW (2 * VL)
 static inline int64_t lane_dim(int64_t v, int64_t t, int kt) {
-    return 32 * (v >> 1) + (kt == KV_BF16 ? 2 * t + (v & 1) : 16 * (v & 1) + t);
+    return PW * (v >> 1) + (kt == KV_BF16 ? 2 * t + (v & 1) : VL * (v & 1) + t);
 }
 
 static inline __attribute__((always_inline)) void load_pair(const char* row, int64_t c, int64_t D, int kt,
                                                             vf* even, vf* odd) {
-    const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
+    const int64_t cnt = D - PW * c < PW ? D - PW * c : PW;
     if (kt == KV_E4M3 || kt == KV_E5M2) {
-        if (cnt == 32) {
-            fp8x32_to_f32(row + 32 * c, kt, even, odd);
+        if (cnt == PW) {
+            fp8x32_to_f32(row + PW * c, kt, even, odd);
         } else {
-            char tmp[32] = {0};
-            memcpy(tmp, row + 32 * c, (size_t)cnt);
+            char tmp[PW] = {0};
+            memcpy(tmp, row + PW * c, (size_t)cnt);
             fp8x32_to_f32(tmp, kt, even, odd);
         }
     } else if (kt == KV_BF16) {
         vu x;
-        if (cnt == 32) {
-            memcpy(&x, row + 64 * c, sizeof x);
+        if (cnt == PW) {
+            memcpy(&x, row + 2 * PW * c, sizeof x);
         } else {
-            uint16_t tmp[32] = {0};
-            memcpy(tmp, row + 64 * c, (size_t)cnt * 2);
+            uint16_t tmp[PW] = {0};
+            memcpy(tmp, row + 2 * PW * c, (size_t)cnt * 2);
             memcpy(&x, tmp, sizeof x);
         }
         *even = (vf)(x << 16);
         *odd = (vf)(x & 0xffff0000u);
     } else {
-        if (cnt == 32) {
-            memcpy(even, row + 128 * c, sizeof *even);
-            memcpy(odd, row + 128 * c + 64, sizeof *odd);
+        if (cnt == PW) {
+            memcpy(even, row + 4 * PW * c, sizeof *even);
+            memcpy(odd, row + 4 * PW * c + 4 * VL, sizeof *odd);
         } else {
-            float tmp[32] = {0};
-            memcpy(tmp, row + 128 * c, (size_t)cnt * 4);
+            float tmp[PW] = {0};
+            memcpy(tmp, row + 4 * PW * c, (size_t)cnt * 4);
             memcpy(even, tmp, sizeof *even);
-            memcpy(odd, tmp + 16, sizeof *odd);
+            memcpy(odd, tmp + VL, sizeof *odd);
         }
     }
 }
 
 /* The 32 bf16 elements [32c, 32c + 32) of a row as raw bits, zero padded. */
 static inline __attribute__((always_inline)) void load_raw_pair(const char* row, int64_t c, int64_t D, vu* x) {
-    const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
-    if (cnt == 32) {
-        memcpy(x, row + 64 * c, sizeof *x);
+    const int64_t cnt = D - PW * c < PW ? D - PW * c : PW;
+    if (cnt == PW) {
+        memcpy(x, row + 2 * PW * c, sizeof *x);
     } else {
-        uint16_t tmp[32] = {0};
-        memcpy(tmp, row + 64 * c, (size_t)cnt * 2);
+        uint16_t tmp[PW] = {0};
+        memcpy(tmp, row + 2 * PW * c, (size_t)cnt * 2);
         memcpy(x, tmp, sizeof *x);
     }
 }
 
-/* Lane j of the result is the sum of the lanes of p[j] (a 16 x 16 transpose folded into the adds). */
-static inline vf hsum16(const vf* restrict p) {
+/* Lane j of the result is the sum of the lanes of p[j] (a VL x VL transpose folded into the adds). */
+#if VL == 16
+static inline vf hsum_lanes(const vf* restrict p) {
     const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
     const vi hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
     const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
@@ -120,6 +123,19 @@ static inline vf hsum16(const vf* restrict p) {
         c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], lo2) + __builtin_shuffle(b[2 * i], b[2 * i + 1], hi2);
     return __builtin_shuffle(c[0], c[1], lo1) + __builtin_shuffle(c[0], c[1], hi1);
 }
+#else
+static inline vf hsum_lanes(const vf* restrict p) {
+    const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    const vi lo2 = {0, 1, 4, 5, 8, 9, 12, 13}, hi2 = {2, 3, 6, 7, 10, 11, 14, 15};
+    const vi lo1 = {0, 2, 4, 6, 8, 10, 12, 14}, hi1 = {1, 3, 5, 7, 9, 11, 13, 15};
+    vf a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = __builtin_shuffle(p[2 * i], p[2 * i + 1], lo4) + __builtin_shuffle(p[2 * i], p[2 * i + 1], hi4);
+    for (int i = 0; i < 2; i++)
+        b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo2) + __builtin_shuffle(a[2 * i], a[2 * i + 1], hi2);
+    return __builtin_shuffle(b[0], b[1], lo1) + __builtin_shuffle(b[0], b[1], hi1);
+}
+#endif
 
 static inline void prefetch_row(const char* p, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
@@ -136,7 +152,7 @@ static inline __attribute__((always_inline)) void qk_rows(
     const char* restrict kb, const char* restrict vb, const int64_t* restrict off, int64_t cnt,
     const int64_t* restrict pf, int64_t pf_cnt, int64_t KVH, const vf* restrict qv, vf* restrict part,
     float* restrict s, float post_scale, const int64_t D, const int64_t G, const int kt) {
-    const int64_t NP = (D + 31) / 32, NV = 2 * NP, elem = kv_elem(kt), record_bytes = KVH * D * elem;
+    const int64_t NP = (D + PW - 1) / PW, NV = 2 * NP, elem = kv_elem(kt), record_bytes = KVH * D * elem;
     for (int64_t jj = 0; jj < VL; jj++) {
         if (jj < pf_cnt && pf[jj] >= 0) {
             prefetch_row(kb + pf[jj] * elem, record_bytes);
@@ -182,7 +198,7 @@ static inline __attribute__((always_inline)) void qk_rows(
         }
     }
     for (int64_t hq = 0; hq < KVH * G; hq++) {
-        const vf r = hsum16(part + hq * VL) * post_scale;
+        const vf r = hsum_lanes(part + hq * VL) * post_scale;
         memcpy(s + hq * BT, &r, sizeof r);
     }
 }
@@ -196,7 +212,7 @@ static inline __attribute__((always_inline)) void pv_rows(
     const float* restrict alpha, vf* restrict acc, const char* pf_kb, const char* pf_vb,
     const int64_t* restrict pf, int64_t pf_cnt, int64_t pf_bytes, const int64_t D, const int64_t ng,
     const int kt) {
-    const int64_t NP = (D + 31) / 32, NV = 2 * NP, elem = kv_elem(kt);
+    const int64_t NP = (D + PW - 1) / PW, NV = 2 * NP, elem = kv_elem(kt);
     for (int64_t c = 0; c < NP; c++) {
         vf ae[GQ], ao[GQ];
         for (int64_t gg = 0; gg < ng; gg++) {
@@ -308,7 +324,7 @@ static void fill_offsets(int64_t* restrict off, const int64_t* restrict slots, i
  * elements each, are read as a whole while they are in cache: the pool is streamed, not strided. */
 static void accumulate(const void* k_buf, const void* v_buf, const int64_t* slots, int64_t n, int64_t num_slots,
                        int64_t KVH, int64_t D, int64_t G, int kt, state_t st, scratch_t ws, int* err) {
-    const int64_t H = KVH * G, NV = 2 * ((D + 31) / 32), elem = kv_elem(kt);
+    const int64_t H = KVH * G, NV = 2 * ((D + PW - 1) / PW), elem = kv_elem(kt);
     const int64_t record = KVH * D, record_bytes = record * elem, head_bytes = D * elem;
     const char* kb = (const char*)k_buf;
     const char* vb = (const char*)v_buf;
@@ -396,7 +412,7 @@ static void prefix_pair(const prefix_t* pre, int64_t b, int64_t g, int64_t G, in
  * load_pair; G query heads per kv head. With pre, the prefix's (lse, out) is merged in first. */
 static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int qbf16, int kt, int64_t G,
                      const float* v_scale, const prefix_t* pre) {
-    const int64_t NP = (D + 31) / 32, NV = 2 * NP;
+    const int64_t NP = (D + PW - 1) / PW, NV = 2 * NP;
     for (int64_t g = 0; g < H; g++) {
         float a = 1.0f, cp = 0.0f, l = st.l[g];
         if (pre) {
@@ -419,20 +435,20 @@ static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int
             }
             e *= inv_l;
             od *= inv_l;
-            const int64_t cnt = D - 32 * c < 32 ? D - 32 * c : 32;
+            const int64_t cnt = D - PW * c < PW ? D - PW * c : PW;
             if (qbf16 && kt == KV_BF16) {
                 const vu word = (round_bf16_high(e) >> 16) | round_bf16_high(od);
-                memcpy(o + 64 * c, &word, (size_t)cnt * 2);
+                memcpy(o + 2 * PW * c, &word, (size_t)cnt * 2);
             } else if (qbf16) {
                 const vu lo = round_bf16_high(e) >> 16, hi = round_bf16_high(od) >> 16;
-                uint16_t tmp[32];
+                uint16_t tmp[PW];
                 for (int t = 0; t < VL; t++) tmp[t] = (uint16_t)lo[t], tmp[VL + t] = (uint16_t)hi[t];
-                memcpy(o + 64 * c, tmp, (size_t)cnt * 2);
+                memcpy(o + 2 * PW * c, tmp, (size_t)cnt * 2);
             } else {
-                float tmp[32];
+                float tmp[PW];
                 memcpy(tmp, &e, sizeof e);
-                memcpy(tmp + 16, &od, sizeof od);
-                memcpy(o + 128 * c, tmp, (size_t)cnt * 4);
+                memcpy(tmp + VL, &od, sizeof od);
+                memcpy(o + 4 * PW * c, tmp, (size_t)cnt * 4);
             }
         }
     }
@@ -444,7 +460,7 @@ static void finalize(void* out, int64_t b, int64_t H, int64_t D, state_t st, int
  * scale is applied to the dot products. Returns the scale still to apply. */
 static float load_queries(vf* restrict qv, const void* qb, int64_t D, int64_t G, float qscale, int qbf16, int kt,
                           int64_t Gk, const float* k_scale) {
-    const int64_t NP = (D + 31) / 32, NV = 2 * NP;
+    const int64_t NP = (D + PW - 1) / PW, NV = 2 * NP;
     (void)Gk;
 #if USE_DPBF16
     if (kt == KV_BF16) {
@@ -522,7 +538,7 @@ typedef struct {
 /* Thread tid of T: positions [W * tid / T, W * (tid + 1) / T) of the flat work range. Requests wholly
  * inside are finished here; the first and last, if cut, leave partial records for the merge. */
 static void run_range(job_t* job, int tid, int T) {
-    const int64_t B = job->B, H = job->H, KVH = job->KVH, D = job->D, G = H / KVH, NV = 2 * ((D + 31) / 32);
+    const int64_t B = job->B, H = job->H, KVH = job->KVH, D = job->D, G = H / KVH, NV = 2 * ((D + PW - 1) / PW);
     const int64_t* cum = job->cum;
     partial_t* rec = job->partials + 2 * tid;
     rec[0].seg = rec[1].seg = -1;
@@ -588,7 +604,7 @@ static int paged_decode(const void* q, int64_t q_stride, const void* k_buf, cons
                         int64_t D, float scale, int64_t window, void* out, int nthreads, int qbf16, int kt,
                         const float* k_scale, const float* v_scale, const prefix_t* pre) {
     if (B <= 0 || H <= 0 || D <= 0 || KVH <= 0) return 0;
-    const int64_t NV = 2 * ((D + 31) / 32), G = H / KVH;
+    const int64_t NV = 2 * ((D + PW - 1) / PW), G = H / KVH;
     const size_t elem = qbf16 ? sizeof(uint16_t) : sizeof(float);
     int nt = nthreads < 1 ? 1 : nthreads;
     /* the caller's bookkeeping: cum[b], the first flat work position of request b, then 2 partial

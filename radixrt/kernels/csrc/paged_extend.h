@@ -3,6 +3,9 @@
 #ifndef RADIXRT_PAGED_EXTEND_H
 #define RADIXRT_PAGED_EXTEND_H
 
+/* The extend kernel's tiles are 16 floats wide on every target (on AVX2 extends take gather + SDPA by
+ * default: radixrt/kernels/torch_native.py). */
+#define VL 16
 #include "paged_simd.h"
 
 /* AVX-512 max / round / scale instructions in the softmax, unless PAGED_PORTABLE (then plain GNU C) */

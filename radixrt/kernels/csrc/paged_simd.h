@@ -23,7 +23,17 @@
 #error "the bf16 even/odd split assumes a little-endian target"
 #endif
 
-#define VL 16 /* floats per vector */
+/* Floats per vector: 16 (one AVX-512 register) where the target has AVX-512, else 8 (one AVX2 register). A
+ * file may define VL before including this header (paged_extend.h: 16, its register blocking's width).
+ * Why 8 on AVX2: GCC has no machine mode for a 64-byte vector there, so 16-float vectors lived on the stack
+ * and the decode kernel ran ~10x below the AVX2 machine's speed (and took 2 minutes to compile). */
+#ifndef VL
+#if defined(__AVX512F__)
+#define VL 16
+#else
+#define VL 8
+#endif
+#endif
 #define LOG2E 1.4426950408889634f
 
 typedef float vf __attribute__((vector_size(VL * 4)));
@@ -140,27 +150,24 @@ static inline vf vmax(vf a, vf b) {
 }
 
 /* The max / the sum of the lanes of x. */
+#if VL == 16
+static const vi HPERM[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+                            {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                            {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+                            {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
+#define HROUNDS 4
+#else
+static const vi HPERM[3] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
+#define HROUNDS 3
+#endif
+
 static inline float hmax(vf x) {
-    const vi p8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const vi p4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-    const vi p2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-    const vi p1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    x = vmax(x, __builtin_shuffle(x, p8));
-    x = vmax(x, __builtin_shuffle(x, p4));
-    x = vmax(x, __builtin_shuffle(x, p2));
-    x = vmax(x, __builtin_shuffle(x, p1));
+    for (int r = 0; r < HROUNDS; r++) x = vmax(x, __builtin_shuffle(x, HPERM[r]));
     return x[0];
 }
 
 static inline float hadd(vf x) {
-    const vi p8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const vi p4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-    const vi p2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-    const vi p1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-    x += __builtin_shuffle(x, p8);
-    x += __builtin_shuffle(x, p4);
-    x += __builtin_shuffle(x, p2);
-    x += __builtin_shuffle(x, p1);
+    for (int r = 0; r < HROUNDS; r++) x += __builtin_shuffle(x, HPERM[r]);
     return x[0];
 }
 
