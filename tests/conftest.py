@@ -8,6 +8,8 @@ runtime's.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -26,6 +28,22 @@ os.environ.setdefault(EXTEND_KERNEL_ENV, "c")
 
 # Engine fixtures (engine_factory, ...) live in their own module; registering them here makes them global.
 pytest_plugins = ["tests.engine_fixtures"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the natively compiled kernels before any test starts a server. A cold build of all of them takes
+    ~1 minute on a 2-core AVX2 machine, which would otherwise fall inside the first server's start timeout;
+    servers and engines then load them from the cache. A kernel that cannot build here is skipped (its users
+    fall back and log why, and the kernels' own tests report it)."""
+    from radixrt.kernels import cpu_decode, decode_op, int4_gemm
+
+    t0 = time.perf_counter()
+    print("radixrt's native kernels: loading, or building on first use (~1 min)", file=sys.stderr, flush=True)
+    cpu_decode.available()
+    decode_op.available()
+    for dtype in (torch.bfloat16, torch.float32):
+        int4_gemm.available(dtype)
+    print(f"radixrt's native kernels: ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
