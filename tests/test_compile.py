@@ -207,6 +207,28 @@ def test_python_attention_op_when_the_native_one_is_off(
         decode_op.unavailable_reason()
 
 
+def test_python_wrapper_when_the_cpp_wrapper_is_off(
+    tiny_llama: Path, engine_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RADIXRT_COMPILE_CPP_WRAPPER=0 compiles the decode graphs with inductor's Python wrapper: the same greedy
+    ids as transformers; the default is the C++ wrapper; a bad value names the variable."""
+    from radixrt.worker import graph_runner
+
+    assert graph_runner.cpp_wrapper_enabled()
+    monkeypatch.setenv(graph_runner.CPP_WRAPPER_ENV, "0")
+    assert not graph_runner.cpp_wrapper_enabled()
+    eng = engine_factory(tiny_llama, disable_compile=False, compile_max_bs=2)
+    seen = count_compiled(eng)
+    prompts = prompts_of([5, 33], seed=9)
+    outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+    for ids, out in zip(prompts, outs, strict=True):
+        assert out["output_ids"] == hf_greedy(tiny_llama, ids, GREEDY["max_new_tokens"])
+    assert seen
+    monkeypatch.setenv(graph_runner.CPP_WRAPPER_ENV, "cpp")
+    with pytest.raises(ValueError, match=graph_runner.CPP_WRAPPER_ENV):
+        graph_runner.cpp_wrapper_enabled()
+
+
 def test_two_engines_decode_concurrently(tiny_llama: Path, tiny_qwen2: Path, engine_factory) -> None:
     """Two engines in one process, each stepping its compiled decode on its own scheduler thread at the same
     time: the attention op's per-step state is per thread, so each gets its own model's greedy ids."""

@@ -26,11 +26,17 @@ instead: one call a step instead of one per layer (batch-1 decode of the embedde
 20.4 -> 19.0 ms), for ~4x the compile time (dynamo traces every layer; ~110 s cold, ~20 s warm for 5
 buckets, against ~25 s / ~3 s), and inductor may fuse across layer boundaries, so bf16 rounds differently
 from the per-layer graphs (float32 stays exact).
+
+Each graph's wrapper -- the code that allocates its buffers and calls its kernels and opaque ops -- is C++
+(inductor's ``cpp_wrapper``), not Python: on a 2-core AVX2 machine in float32, four alternated processes,
+batch-1 decode of the embedded model ran a median 55 tok/s against 43, 16 streams 191 against 172, for
+~10% more compile time (docs/cpu.md). ``RADIXRT_COMPILE_CPP_WRAPPER=0`` keeps the Python wrapper.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import types
@@ -218,12 +224,22 @@ def _unguarded(
 ) -> Callable[..., Any]:
     """``fn`` compiled without dynamo guards, under a fresh code object (its own dynamo cache), with
     ``defaults`` in place of its default argument values when given."""
-    return torch.compile(
-        fresh_function(fn, name, defaults),
-        dynamic=False,
-        fullgraph=True,
-        options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
-    )
+    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    if cpp_wrapper_enabled():
+        options["cpp_wrapper"] = True
+    return torch.compile(fresh_function(fn, name, defaults), dynamic=False, fullgraph=True, options=options)
+
+
+CPP_WRAPPER_ENV = "RADIXRT_COMPILE_CPP_WRAPPER"
+
+
+def cpp_wrapper_enabled() -> bool:
+    """``RADIXRT_COMPILE_CPP_WRAPPER``: 1 (default) has inductor write each decode graph's wrapper in C++
+    (module doc), 0 in Python; ValueError for anything else."""
+    raw = os.environ.get(CPP_WRAPPER_ENV, "1")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{CPP_WRAPPER_ENV}: 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def _raise_recompile_limit() -> None:
