@@ -17,7 +17,6 @@ new tokens' slots and the cascade plan), the graphs' layers, then `finish` (laye
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import weakref
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, cast
 
 import torch
 
+from radixrt.config.env import env_switch
 from radixrt.kernels import cpu_decode
 from radixrt.kernels.base import AttentionBackend, NativeStep
 from radixrt.kernels.torch_op_build import TorchOpLibrary
@@ -46,10 +46,8 @@ _LIB = TorchOpLibrary(
 
 
 def _enabled() -> bool:
-    raw = os.environ.get(NATIVE_ENV, "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{NATIVE_ENV}: must be 0 (the Python op) or 1 (the native op), got {raw!r}")
-    return raw == "1"
+    """`NATIVE_ENV`: 1 (default) the native op, 0 the Python op."""
+    return env_switch(NATIVE_ENV)
 
 
 def unavailable_reason() -> str | None:

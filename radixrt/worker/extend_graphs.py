@@ -20,7 +20,6 @@ decode graphs are); `ExtendGraphRunner.warmup` does that at startup.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from radixrt.config.env import env_switch
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.layers.routed_experts import compiled_experts
 from radixrt.models.llama import LlamaForCausalLM
@@ -101,7 +101,4 @@ ENV = "RADIXRT_COMPILED_EXTEND"
 def compiled_extend_enabled() -> bool:
     """``RADIXRT_COMPILED_EXTEND``: 1 (default) compiles extend forwards where decode is compiled, 0 runs them
     eagerly; ValueError for anything else."""
-    raw = os.environ.get(ENV, "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ENV}: 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_switch(ENV)

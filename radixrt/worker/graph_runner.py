@@ -30,13 +30,12 @@ from the per-layer graphs (float32 stays exact).
 Each graph's wrapper -- the code that allocates its buffers and calls its kernels and opaque ops -- is C++
 (inductor's ``cpp_wrapper``), not Python: on a 2-core AVX2 machine in float32, four alternated processes,
 batch-1 decode of the embedded model ran a median 55 tok/s against 43, 16 streams 191 against 172, for
-~10% more compile time (docs/cpu.md). ``RADIXRT_COMPILE_CPP_WRAPPER=0`` keeps the Python wrapper.
+10-45% more cold compile time (docs/cpu.md). ``RADIXRT_COMPILE_CPP_WRAPPER=0`` keeps the Python wrapper.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import types
@@ -47,6 +46,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from radixrt.config.env import env_switch
 from radixrt.kernels import decode_op
 from radixrt.kernels.base import AttentionBackend, AttentionMetadata
 from radixrt.kernels.decode_op import NativeDecode
@@ -236,10 +236,7 @@ CPP_WRAPPER_ENV = "RADIXRT_COMPILE_CPP_WRAPPER"
 def cpp_wrapper_enabled() -> bool:
     """``RADIXRT_COMPILE_CPP_WRAPPER``: 1 (default) has inductor write each decode graph's wrapper in C++
     (module doc), 0 in Python; ValueError for anything else."""
-    raw = os.environ.get(CPP_WRAPPER_ENV, "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{CPP_WRAPPER_ENV}: 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_switch(CPP_WRAPPER_ENV)
 
 
 def _raise_recompile_limit() -> None:
