@@ -341,18 +341,20 @@ def test_engine_sliding_window_equals_hf(
 
 
 def test_extend_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RADIXRT_CPU_EXTEND_KERNEL picks the extend path; auto follows the CPU (the C kernel on AVX-512, only up
-    to AMX_C_EXTEND_MAX new tokens of a batch of requests where AMX runs SDPA, never on AVX2) and the backend
-    routes each forward by its longest extend; a bad value is a ValueError naming the variable."""
+    """RADIXRT_CPU_EXTEND_KERNEL picks the extend path; auto follows the CPU (the C kernel on AVX2 and AVX-512,
+    only up to AMX_C_EXTEND_MAX new tokens of a batch of requests where AMX runs SDPA, never without AVX2) and
+    the backend routes each forward by its longest extend; a bad value is a ValueError naming the variable."""
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "sdpa")
     assert extend_kernel_max_tokens() == 0
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "C")
     assert extend_kernel_max_tokens() == C_EXTEND_ALWAYS
     monkeypatch.setenv(EXTEND_KERNEL_ENV, "auto")
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     assert extend_kernel_max_tokens() == 0
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert extend_kernel_max_tokens() == C_EXTEND_ALWAYS
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert extend_kernel_max_tokens() == C_EXTEND_ALWAYS
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert extend_kernel_max_tokens() == AMX_C_EXTEND_MAX

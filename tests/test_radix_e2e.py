@@ -204,7 +204,7 @@ def test_compiled_decode_takes_the_cascade_natively(
 def test_extend_over_a_cached_prefix_on_the_sdpa_path(
     tiny_llama: Path, engine_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With extends on the SDPA path (the default on AMX and AVX2 CPUs), a request extending a cached prefix
+    """With extends on the SDPA path (the default for long extends on AMX CPUs), a request extending a cached prefix
     takes the split attention (radixrt.kernels.cpu_cascade.extend_over_prefix); greedy ids equal HF's."""
     from radixrt.kernels import cpu_cascade
     from radixrt.kernels.torch_native import EXTEND_KERNEL_ENV

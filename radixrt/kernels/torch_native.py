@@ -50,8 +50,10 @@ logger = logging.getLogger(__name__)
 #   products once the tokens amortize its K/V gather (per layer over a 3k prefix: 17 tokens 0.57x the
 #   time of gather + SDPA, 32 0.84x, 64 1.35x, 256 1.84x). That holds for batches of several requests; a
 #   single request's extend takes the split path at any length (`init_forward_metadata`: no gather there).
-# - AVX2: "sdpa". The kernel is register-blocked for AVX-512; it ran 256 new tokens over a 3k prefix at 32 tok/s
-#   against 246 through gather + SDPA, and a 512-token prefill at 237 against 512 (float32).
+# - AVX2: "c", since its register blocks were sized for 16 ymm registers (before that it ran 8-12x below SDPA
+#   there). Float32, 2 threads, per layer: 256 new tokens over a 3k prefix 0.84x the time of the SDPA split
+#   path (`cpu_cascade.extend_over_prefix`), a 512-token prefill 0.66x, 32 over 3k 0.59x, 100 over 1k 0.66x.
+# - Other CPUs (no AVX2): "sdpa" (the kernel is unmeasured there).
 EXTEND_KERNEL_ENV = "RADIXRT_CPU_EXTEND_KERNEL"
 AMX_C_EXTEND_MAX = 48
 C_EXTEND_ALWAYS = 1 << 62  # an extend_kernel_max_tokens() with no limit
@@ -66,7 +68,8 @@ def extend_kernel_max_tokens() -> int:
         raise ValueError(f"{EXTEND_KERNEL_ENV}: must be auto, c or sdpa, got {choice!r}")
     if choice != "auto":
         return C_EXTEND_ALWAYS if choice == "c" else 0
-    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512") and capability != "AVX2":
         return 0
     return AMX_C_EXTEND_MAX if torch.cpu._is_amx_tile_supported() else C_EXTEND_ALWAYS
 

@@ -21,7 +21,7 @@
  *   pack     the tile's K rows, gathered through the slot table, transposed to [D][BK]; V rows to [BK][D];
  *   scores   S[R, BK] = Q K^T, register-blocked RB rows x BK keys (a small GEMM: no horizontal sums);
  *   softmax  causal / window / tile-end mask (only on tiles that need one), online update of the running
- *            max and sum, 16 rows at a time; scores in log2 units, 2^x by a polynomial;
+ *            max and sum, VL rows at a time (VL: 16 floats with AVX-512, 8 on AVX2); scores in log2 units, 2^x by a polynomial;
  *   values   O[R, D] = alpha * O + P V, register-blocked RB rows x 64 columns.
  * Precision: float32 inputs stay float32 throughout. bf16 inputs with the AVX512-BF16 instruction (the
  * default where the CPU has it): Q K^T by vdpbf16ps on the bf16 values (exact products, fp32 sums), P
@@ -42,14 +42,15 @@
  */
 #include "paged_extend.h"
 
-/* S rows [r0, r0 + RB) = Q rows . K tile, times post (fp32 path: q already scaled, post = 1). */
+/* S rows [r0, r0 + RB) = Q rows . K tile, times post (fp32 path: q already scaled, post = 1). The fp32 path
+ * goes QKV key vectors at a time (RB x QKV accumulators), each group over all n columns. */
 static inline __attribute__((always_inline)) void qk_block(const float* restrict q, int64_t qs, const vf* restrict kt,
                                                            int64_t n, float* restrict s, float post, int pairs) {
-    vf acc[RB][NKV];
-    for (int i = 0; i < RB; i++)
-        for (int v = 0; v < NKV; v++) acc[i][v] = (vf){0};
 #if USE_DPBF16
     if (pairs) {
+        vf acc[RB][NKV];
+        for (int i = 0; i < RB; i++)
+            for (int v = 0; v < NKV; v++) acc[i][v] = (vf){0};
         const uint32_t* qp = (const uint32_t*)q;
         for (int64_t c = 0; c < n; c++) {
             const __m512bh k0 = (__m512bh)kt[c * NKV], k1 = (__m512bh)kt[c * NKV + 1];
@@ -62,48 +63,54 @@ static inline __attribute__((always_inline)) void qk_block(const float* restrict
                 acc[i][3] = (vf)_mm512_dpbf16_ps((__m512)acc[i][3], x, k3);
             }
         }
-    } else
+        for (int i = 0; i < RB; i++)
+            for (int v = 0; v < NKV; v++) {
+                const vf x = acc[i][v] * post;
+                memcpy(s + i * BK + v * VL, &x, sizeof x);
+            }
+        return;
+    }
 #endif
-    {
-        (void)pairs;
+    (void)pairs;
+    for (int g = 0; g < NKV; g += QKV) {
+        vf acc[RB][QKV];
+        for (int i = 0; i < RB; i++)
+            for (int v = 0; v < QKV; v++) acc[i][v] = (vf){0};
         for (int64_t d = 0; d < n; d++) {
-            const vf k0 = kt[d * NKV], k1 = kt[d * NKV + 1], k2 = kt[d * NKV + 2], k3 = kt[d * NKV + 3];
+            vf k[QKV];
+            for (int v = 0; v < QKV; v++) k[v] = kt[d * NKV + g + v];
             for (int i = 0; i < RB; i++) {
                 const float x = q[i * qs + d];
-                acc[i][0] += x * k0;
-                acc[i][1] += x * k1;
-                acc[i][2] += x * k2;
-                acc[i][3] += x * k3;
+                for (int v = 0; v < QKV; v++) acc[i][v] += x * k[v];
             }
         }
+        for (int i = 0; i < RB; i++)
+            for (int v = 0; v < QKV; v++) {
+                const vf x = acc[i][v] * post;
+                memcpy(s + i * BK + (g + v) * VL, &x, sizeof x);
+            }
     }
-    for (int i = 0; i < RB; i++)
-        for (int v = 0; v < NKV; v++) {
-            const vf x = acc[i][v] * post;
-            memcpy(s + i * BK + v * VL, &x, sizeof x);
-        }
 }
 
-/* O rows [r0, r0 + RB), columns [16 c0, 16 (c0 + NC)) = alpha * O + P[:, :nk] V. */
+/* O rows [r0, r0 + RB), columns [VL c0, VL (c0 + NC)) = alpha * O + P[:, :nk] V (NC <= PVC). */
 static inline __attribute__((always_inline)) void pv_block(const float* restrict p, const float* restrict alpha,
                                                            const float* restrict vp, int64_t W, int64_t nk,
                                                            float* restrict o, int64_t c0, const int NC) {
-    vf acc[RB][4];
+    /* o and vp are scratch rows of W floats from VL-aligned offsets: whole aligned vectors (memcpy into
+     * the accumulators went through the stack in 16-byte halves, a store-forwarding stall per vector) */
+    vf acc[RB][PVC];
     for (int i = 0; i < RB; i++)
-        for (int c = 0; c < NC; c++) {
-            memcpy(&acc[i][c], o + i * W + (c0 + c) * VL, sizeof(vf));
-            acc[i][c] *= alpha[i];
-        }
+        for (int c = 0; c < NC; c++) acc[i][c] = *(const vf*)(o + i * W + (c0 + c) * VL) * alpha[i];
     for (int64_t j = 0; j < nk; j++) {
-        vf v[4];
-        for (int c = 0; c < NC; c++) memcpy(&v[c], vp + j * W + (c0 + c) * VL, sizeof(vf));
+        vf v[PVC];
+        for (int c = 0; c < NC; c++) v[c] = *(const vf*)(vp + j * W + (c0 + c) * VL);
         for (int i = 0; i < RB; i++) {
             const float x = p[i * BK + j];
             for (int c = 0; c < NC; c++) acc[i][c] += x * v[c];
         }
     }
     for (int i = 0; i < RB; i++)
-        for (int c = 0; c < NC; c++) memcpy(o + i * W + (c0 + c) * VL, &acc[i][c], sizeof(vf));
+        for (int c = 0; c < NC; c++) *(vf*)(o + i * W + (c0 + c) * VL) = acc[i][c];
 }
 
 #if USE_DPBF16
@@ -143,11 +150,13 @@ static void pv_rows(const float* p, const float* alpha, const float* vp, int64_t
     const int64_t nvec = W / VL;
     int64_t c0 = 0;
     (void)pairs;
-    for (; c0 + 4 <= nvec; c0 += 4) PV_BLOCK(4);
-    switch (nvec - c0) {
+    for (; c0 + PVC <= nvec; c0 += PVC) PV_BLOCK(PVC);
+    switch (nvec - c0) { /* fewer than PVC vectors left */
     case 1: PV_BLOCK(1); break;
+#if PVC > 2
     case 2: PV_BLOCK(2); break;
     case 3: PV_BLOCK(3); break;
+#endif
     default: break;
     }
 }
@@ -181,34 +190,40 @@ static inline vf exp2_np(vf x) {
 #endif
 }
 
-/* Lane j of the result is the max of the lanes of p[j] (a 16 x 16 transpose folded into the maxima). */
-static inline vf hmax16(const vf* restrict p) {
-    const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const vi hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const vi hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const vi lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const vi hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const vi lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const vi hi1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    vf a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++)
-        a[i] = vmaxf(__builtin_shuffle(p[2 * i], p[2 * i + 1], lo8), __builtin_shuffle(p[2 * i], p[2 * i + 1], hi8));
-    for (int i = 0; i < 4; i++)
-        b[i] = vmaxf(__builtin_shuffle(a[2 * i], a[2 * i + 1], lo4), __builtin_shuffle(a[2 * i], a[2 * i + 1], hi4));
-    for (int i = 0; i < 2; i++)
-        c[i] = vmaxf(__builtin_shuffle(b[2 * i], b[2 * i + 1], lo2), __builtin_shuffle(b[2 * i], b[2 * i + 1], hi2));
-    return vmaxf(__builtin_shuffle(c[0], c[1], lo1), __builtin_shuffle(c[0], c[1], hi1));
+/* Lane j of the result is the max of the lanes of p[j], j < VL (a VL x VL transpose folded into the maxima:
+ * each round halves the lanes per row and doubles the rows per vector). */
+static inline vf hmax_rows(const vf* restrict p) {
+#if VL == 16
+    static const vi lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                             {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                             {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                             {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+    static const vi hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                             {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+                             {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
+                             {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}};
+#else
+    static const vi lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 4, 5, 8, 9, 12, 13}, {0, 2, 4, 6, 8, 10, 12, 14}};
+    static const vi hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 6, 7, 10, 11, 14, 15}, {1, 3, 5, 7, 9, 11, 13, 15}};
+#endif
+    vf a[VL];
+    for (int i = 0; i < VL; i++) a[i] = p[i];
+    for (int round = 0, n = VL / 2; n >= 1; round++, n /= 2)
+        for (int i = 0; i < n; i++)
+            a[i] = vmaxf(__builtin_shuffle(a[2 * i], a[2 * i + 1], lo[round]),
+                         __builtin_shuffle(a[2 * i], a[2 * i + 1], hi[round]));
+    return a[0];
 }
 
 /* Mask, then online-softmax update of rows [0, R) (padding rows past R keep scores 0 and alpha 1): row r
  * is token r / G of the item, at position apos0 + r / G; key j of the tile is at position k0 + j. A row
  * sees the keys at positions <= its own (and > its own - window). s becomes 2^(s - m): float32, or with
  * pairs bf16 packed at the row's start (the running sum then adds the rounded values, the ones used).
- * Rows go 16 at a time, so that their maxima and rescale factors are computed as vectors. */
+ * Rows go VL at a time, so that their maxima and rescale factors are computed as vectors. */
 static void softmax_rows(scratch_t ws, int64_t R, int64_t G, int64_t nk, int64_t k0, int64_t apos0,
                          int64_t window, int pairs) {
-    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vi lane;
+    for (int i = 0; i < VL; i++) lane[i] = i;
     const vf ninf = (vf){0} - INFINITY;
     /* most tiles are wholly visible to every row of the item: no mask */
     const int full = nk == BK && k0 + BK - 1 <= apos0 && (window <= 0 || k0 > apos0 + R / G - 1 - window);
@@ -236,7 +251,7 @@ static void softmax_rows(scratch_t ws, int64_t R, int64_t G, int64_t nk, int64_t
         }
         vf m_old, m_new;
         memcpy(&m_old, ws.m + r0, sizeof m_old);
-        m_new = vmaxf(hmax16(mx), m_old);
+        m_new = vmaxf(hmax_rows(mx), m_old);
         const vi none = m_new == -INFINITY; /* nothing visible yet: alpha 1 */
         const vf alpha = exp2_np((vf)((vi)(m_old - m_new) & ~none)); /* 0 at the first visible tile */
         memcpy(ws.m + r0, &m_new, sizeof m_new);

@@ -3,9 +3,8 @@
 #ifndef RADIXRT_PAGED_EXTEND_H
 #define RADIXRT_PAGED_EXTEND_H
 
-/* The extend kernel's tiles are 16 floats wide on every target (on AVX2 extends take gather + SDPA by
- * default: radixrt/kernels/torch_native.py). */
-#define VL 16
+/* Vectors are VL floats (paged_simd.h): 16 with AVX-512, 8 on AVX2. The register blocks below are sized so
+ * that their accumulators fill most of the target's vector registers (32 zmm / 16 ymm) without spilling. */
 #include "paged_simd.h"
 
 /* AVX-512 max / round / scale instructions in the softmax, unless PAGED_PORTABLE (then plain GNU C) */
@@ -19,12 +18,30 @@
 #define BK 64              /* keys per tile */
 #define NKV (BK / VL)      /* score vectors per row of a tile */
 #define RB 6               /* query rows per register block */
-#define ROWS_TARGET 192    /* query rows per work item (tokens x G) when there is enough work */
-#define QB_MAX 64          /* new tokens per work item at most */
+#if VL == 16
+#define QKV 4 /* key vectors per Q K^T register block: RB x QKV accumulators (24 of 32 zmm) */
+#define PVC 4 /* output vectors per P V register block (24 of 32 zmm) */
+#else
+#define QKV 2 /* 12 of 16 ymm, with 2 K vectors and a broadcast query */
+#define PVC 2
+#endif
+/* Query rows per work item (tokens x G) when there is enough work, and new tokens per item at most. Each
+ * item packs every K/V tile it reads once, so more rows spread that cost thinner, as long as the item's
+ * queries, scores and outputs stay in L2 (384 rows: ~300 KB of fp32). On AVX2 (2 threads, float32, 256
+ * tokens over a 3k prefix) 384 rows ran 1.2x faster than 192. */
+#if VL == 16
+#define ROWS_TARGET 192
+#define QB_MAX 64
+#else
+#define ROWS_TARGET 384
+#define QB_MAX 128
+#endif
 #define MIN_PARALLEL (1 << 18) /* below this many (row, key) pairs in all, run on the calling thread */
 
 typedef uint16_t vh __attribute__((vector_size(VL * 2)));
-typedef uint16_t vh32 __attribute__((vector_size(VL * 4)));
+#if USE_DPBF16
+typedef uint16_t vh32 __attribute__((vector_size(64))); /* 32 bf16 */
+#endif
 
 /* One work item: new tokens [q0, q0 + nq) of request b, kv head h; cost ~ rows x keys. */
 typedef struct {
@@ -50,7 +67,7 @@ typedef struct {
 typedef struct {
     float* q;     /* [Rp, D] queries times qscale, or with pairs [Rp, D/2] raw bf16 pairs */
     float* stage; /* [BK, KW] K rows staged (widened, padded) when they cannot be transposed in place */
-    vf* kt;       /* [KW, NKV] K tile transposed: kt[d * NKV + v] holds keys 16v..16v+15 of column d */
+    vf* kt;       /* [KW, NKV] K tile transposed: kt[d * NKV + v] holds keys VL v .. VL v + VL - 1 of column d */
     float* vp;    /* [BK, W] the tile's V rows in fp32, or with pairs [BK/2, W] key pairs (pack_v_pairs) */
     float* s;     /* [Rp, BK] scores, then probabilities (with pairs bf16, at each row's start) */
     float* o;     /* [Rp, W] running output */
@@ -58,29 +75,29 @@ typedef struct {
     vf* l;            /* [Rp] running sum, per lane */
 } scratch_t;
 
-/* 16 x 16 transpose of 32-bit lanes: r[i][j] -> r[j][i], by four rounds of two-input shuffles. */
-static inline void transpose16(vf* r) {
-    static const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    static const vi hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    static const vi lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
-    static const vi hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
-    static const vi lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-    static const vi hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
-    static const vi lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-    static const vi hi1 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
-    /* round b swaps the off-diagonal b x b blocks of every 2b x 2b block: rows i and i + b exchange */
-#define TRANSPOSE_ROUND(B, LO, HI)                                                                       \
-    for (int i = 0; i < 16; i++) {                                                                       \
-        if (i & (B)) continue;                                                                           \
-        const vf a = r[i], c = r[i + (B)];                                                               \
-        r[i] = __builtin_shuffle(a, c, LO);                                                              \
-        r[i + (B)] = __builtin_shuffle(a, c, HI);                                                        \
-    }
-    TRANSPOSE_ROUND(8, lo8, hi8)
-    TRANSPOSE_ROUND(4, lo4, hi4)
-    TRANSPOSE_ROUND(2, lo2, hi2)
-    TRANSPOSE_ROUND(1, lo1, hi1)
-#undef TRANSPOSE_ROUND
+/* VL x VL transpose of 32-bit lanes: r[i][j] -> r[j][i], by log2(VL) rounds of two-input shuffles; round b
+ * swaps the off-diagonal b x b blocks of every 2b x 2b block (rows i and i + b exchange). */
+static inline void transpose_vl(vf* r) {
+#if VL == 16
+    static const vi lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                             {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                             {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                             {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const vi hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                             {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                             {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                             {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+#else
+    static const vi lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
+    static const vi hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
+#endif
+    for (int round = 0, b = VL / 2; b >= 1; round++, b /= 2)
+        for (int i = 0; i < VL; i++) {
+            if (i & b) continue;
+            const vf a = r[i], c = r[i + b];
+            r[i] = __builtin_shuffle(a, c, lo[round]);
+            r[i + b] = __builtin_shuffle(a, c, hi[round]);
+        }
 }
 
 /* dst[0, W) = the D elements (of kind kt) at src widened to fp32 (or copied), zero padded; src NULL: all
@@ -88,13 +105,13 @@ static inline void transpose16(vf* r) {
 static inline void load_row_f32(float* restrict dst, const char* restrict src, int64_t D, int64_t W, int kt) {
     int64_t d = 0;
     if (src && (kt == KV_E4M3 || kt == KV_E5M2)) {
-        for (; d < D; d += 32) {
-            char tmp[32] = {0};
+        for (; d < D; d += 2 * VL) { /* fp8x32_to_f32 widens 2 VL codes */
+            char tmp[2 * VL] = {0};
             const char* p = src + d;
-            if (D - d < 32) p = memcpy(tmp, src + d, (size_t)(D - d));
+            if (D - d < 2 * VL) p = memcpy(tmp, src + d, (size_t)(D - d));
             vf y[2];
             fp8x32_to_f32(p, kt, &y[0], &y[1]);
-            memcpy(dst + d, y, (size_t)(W - d < 32 ? W - d : 32) * sizeof(float));
+            memcpy(dst + d, y, (size_t)(W - d < 2 * VL ? W - d : 2 * VL) * sizeof(float));
         }
     } else if (src && kt == KV_F32) {
         for (; d + VL <= D; d += VL) memcpy(dst + d, src + 4 * d, sizeof(vf));
@@ -111,6 +128,7 @@ static inline void load_row_f32(float* restrict dst, const char* restrict src, i
     for (; d < W; d++) dst[d] = 0.0f;
 }
 
+#if USE_DPBF16 /* the bf16 pair layouts of the AVX512-BF16 path (VL 16) */
 /* The 32 bf16 elements [d, d + 32) of the row at src (zero past D, all zero when src is NULL). */
 static inline vh32 load_bf16x32(const char* src, int64_t d, int64_t D) {
     vh32 x = {0};
@@ -161,6 +179,8 @@ static void pack_v_pairs(const char* const* vrow, int64_t D, float* vp_out) {
         }
 }
 
+#endif
+
 /* Gather the tile's nk K and V rows (kv head h) through slots: K transposed into kt (fp32, or bf16 pairs
  * when pairs is set), V into vp (fp32, or pack_v_pairs). Rows past nk are zero. Then prefetch the next
  * tile's rows (next_slots[0, next_nk)) so that memory works while this tile is computed. */
@@ -191,22 +211,25 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
                 load_row_f32(dst, krow[j], D, KW, job->kt);
                 continue;
             }
+#if USE_DPBF16
             memset(dst, 0, (size_t)KW * 4);
             if (krow[j] && fp8) fp8_row_to_bf16((uint16_t*)dst, krow[j], D, job->kt);
             else if (krow[j]) memcpy(dst, krow[j], (size_t)row_bytes);
+#endif
         }
     for (int64_t jb = 0; jb < NKV; jb++)
         for (int64_t db = 0; db < KW; db += VL) {
-            vf r[16];
-            for (int i = 0; i < 16; i++) {
+            vf r[VL];
+            for (int i = 0; i < VL; i++) {
                 const char* src = direct ? (krow[jb * VL + i] ? krow[jb * VL + i] + 4 * db : NULL)
                                          : (const char*)(ws.stage + (jb * VL + i) * KW + db);
                 r[i] = (vf){0};
                 if (src) memcpy(&r[i], src, sizeof(vf));
             }
-            transpose16(r);
-            for (int i = 0; i < 16; i++) ws.kt[(db + i) * NKV + jb] = r[i];
+            transpose_vl(r);
+            for (int i = 0; i < VL; i++) ws.kt[(db + i) * NKV + jb] = r[i];
         }
+#if USE_DPBF16
     if (pairs && fp8) { /* V rows as bf16 in the stage (free again: K is transposed), then paired */
         uint16_t* staged = (uint16_t*)ws.stage;
         for (int64_t j = 0; j < BK; j++) {
@@ -215,9 +238,10 @@ static void pack_tile(const job_t* job, const int64_t* slots, int64_t nk, const 
             vrow[j] = (const char*)(staged + j * D);
         }
     }
-    if (pairs)
+    if (pairs) {
         pack_v_pairs(vrow, D, ws.vp);
-    else
+    } else
+#endif
         for (int64_t j = 0; j < BK; j++) load_row_f32(ws.vp + j * W, vrow[j], D, W, job->kt);
     for (int64_t j = 0; j < next_nk; j++) {
         const int64_t slot = next_slots[j];
