@@ -51,8 +51,9 @@ logger = logging.getLogger(__name__)
 #   time of gather + SDPA, 32 0.84x, 64 1.35x, 256 1.84x). That holds for batches of several requests; a
 #   single request's extend takes the split path at any length (`init_forward_metadata`: no gather there).
 # - AVX2: "c", since its register blocks were sized for 16 ymm registers (before that it ran 8-12x below SDPA
-#   there). Float32, 2 threads, per layer: 256 new tokens over a 3k prefix 0.84x the time of the SDPA split
-#   path (`cpu_cascade.extend_over_prefix`), a 512-token prefill 0.66x, 32 over 3k 0.59x, 100 over 1k 0.66x.
+#   there). Float32, 2 threads, per layer, 3 alternated runs: 256 new tokens over a 3k prefix took 0.82-1.0x
+#   the time of the SDPA split path (`cpu_cascade.extend_over_prefix`), a 512-token prefill 0.64-0.69x, 32
+#   over 3k 0.46-0.61x, 100 over 1k 0.51-0.69x.
 # - Other CPUs (no AVX2): "sdpa" (the kernel is unmeasured there).
 EXTEND_KERNEL_ENV = "RADIXRT_CPU_EXTEND_KERNEL"
 AMX_C_EXTEND_MAX = 48
