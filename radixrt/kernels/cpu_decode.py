@@ -50,7 +50,9 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "paged_decode.c"
 # Compiled together into one library; HEADERS only enter the cache key (the sources include them).
 SOURCES = (SOURCE, CSRC / "paged_extend.c", CSRC / "kv_store_fp8.c")
-HEADERS = (CSRC / "paged_simd.h", CSRC / "paged_extend.h")
+HEADERS = tuple(
+    CSRC / name for name in ("paged_simd.h", "paged_extend.h", "paged_extend_f32.h", "paged_extend_bf16.h")
+)
 COMPILER = "gcc"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
