@@ -50,10 +50,10 @@ logger = logging.getLogger(__name__)
 #   products once the tokens amortize its K/V gather (per layer over a 3k prefix: 17 tokens 0.57x the
 #   time of gather + SDPA, 32 0.84x, 64 1.35x, 256 1.84x). That holds for batches of several requests; a
 #   single request's extend takes the split path at any length (`init_forward_metadata`: no gather there).
-# - AVX2: "c", since its register blocks were sized for 16 ymm registers (before that it ran 8-12x below SDPA
-#   there). Float32, 2 threads, per layer, 3 alternated runs: 256 new tokens over a 3k prefix took 0.82-1.0x
-#   the time of the SDPA split path (`cpu_cascade.extend_over_prefix`), a 512-token prefill 0.64-0.69x, 32
-#   over 3k 0.46-0.61x, 100 over 1k 0.51-0.69x.
+# - AVX2: "c", since its register blocks were sized for 16 ymm registers and its float32 path reads K / V in
+#   place (before that it ran 8-12x below SDPA there). Float32, 2 threads, per layer, alternated runs: 256 new
+#   tokens over a 3k prefix took 0.74-0.85x the time of the SDPA split path (`cpu_cascade.extend_over_prefix`),
+#   a 512-token prefill 0.64-0.65x, 100 over 1k 0.58x, 32 over 3k 0.38-0.50x.
 # - Other CPUs (no AVX2): "sdpa" (the kernel is unmeasured there).
 EXTEND_KERNEL_ENV = "RADIXRT_CPU_EXTEND_KERNEL"
 AMX_C_EXTEND_MAX = 48
