@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from benchmarks.llama_cpp_compat import amx_buffers_off
+from benchmarks.peer_process import ProcessPeer
 
 FIGURES = ("decode_b1", "b16_e2e", "b16_decode", "prefill512", "extend256")
 HEADERS = {
@@ -97,7 +98,9 @@ class RadixPeer:
 
 class LlamaCppPeer:
     """llama.cpp through llama-cpp-python's ``Llama`` on the file: one sequence; a prompt reuses the KV of
-    the longest prefix it shares with the previous sequence (what ``Llama.generate`` does)."""
+    the longest prefix it shares with the previous sequence (what ``Llama.generate`` does). ``build_peers``
+    runs it in a process of its own (``benchmarks.peer_process``: libgomp's throttling with two thread teams
+    in one process)."""
 
     max_batch = 1
 
@@ -247,7 +250,10 @@ def build_peers(
         ),
         "openvino": (missing("openvino_genai", OPENVINO_SETUP), lambda: OpenVINOPeer(gguf, threads)),
         "openvino-llm": (missing("openvino_genai", OPENVINO_SETUP), lambda: OpenVINOLLMPeer(gguf, threads)),
-        "llama.cpp": (missing("llama_cpp", LLAMA_CPP_SETUP), lambda: LlamaCppPeer(gguf, threads)),
+        "llama.cpp": (
+            missing("llama_cpp", LLAMA_CPP_SETUP),
+            lambda: ProcessPeer(LlamaCppPeer, gguf, threads),
+        ),
     }
     peers: list[Any] = []
     skipped: dict[str, str] = {}

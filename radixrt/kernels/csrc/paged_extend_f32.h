@@ -47,18 +47,18 @@ static inline __attribute__((always_inline)) void st_block(const float* const* r
         for (int v = 0; v < NV; v++) *(vf*)(st + (j0 + k) * Rp + (v0 + v) * VL) = acc[k][v];
 }
 
+/* Query-row vectors outer, keys inner: a block's slice of qt (D x TV vectors) and the tile's K rows stay in L1
+ * while every key block reads them. */
 static void st_tile(const float* const* krow, const float* qt, int64_t Rp, int64_t D, float* st) {
-    const int64_t nv = Rp / VL;
-    for (int64_t j0 = 0; j0 < BK; j0 += KB) {
-        const int nk = BK - j0 < KB ? (int)(BK - j0) : KB;
-        int64_t v0 = 0;
-        if (nk == KB) {
-            for (; v0 + TV <= nv; v0 += TV) st_block(krow, qt, Rp, D, st, j0, v0, KB, TV);
-            for (; v0 < nv; v0++) st_block(krow, qt, Rp, D, st, j0, v0, KB, 1);
-        } else {
-            for (; v0 + TV <= nv; v0 += TV) st_block(krow, qt, Rp, D, st, j0, v0, BK % KB, TV);
-            for (; v0 < nv; v0++) st_block(krow, qt, Rp, D, st, j0, v0, BK % KB, 1);
-        }
+    const int64_t nv = Rp / VL, jfull = BK - BK % KB;
+    int64_t v0 = 0;
+    for (; v0 + TV <= nv; v0 += TV) {
+        for (int64_t j0 = 0; j0 < jfull; j0 += KB) st_block(krow, qt, Rp, D, st, j0, v0, KB, TV);
+        if (BK % KB) st_block(krow, qt, Rp, D, st, jfull, v0, BK % KB, TV);
+    }
+    for (; v0 < nv; v0++) {
+        for (int64_t j0 = 0; j0 < jfull; j0 += KB) st_block(krow, qt, Rp, D, st, j0, v0, KB, 1);
+        if (BK % KB) st_block(krow, qt, Rp, D, st, jfull, v0, BK % KB, 1);
     }
 }
 
