@@ -47,6 +47,7 @@ HEADERS = {
 RADIX = "radixrt (defaults)"
 RADIX_INT8 = "radixrt --dense-gemm-int8"
 RADIX_TORCH = "radixrt --int4-kernel torch"
+RADIX_Q8 = "radixrt --int4-kernel q8"
 SETTLE_S = 0.5  # OpenMP / TBB workers spin ~200 ms after their last parallel region
 OPENVINO_SETUP = "pip install openvino-genai==2026.4.1"
 LLAMA_CPP_SETUP = "pip install llama-cpp-python==0.3.36"
@@ -229,7 +230,7 @@ def build_peers(
     gguf: Path, threads: int, names: list[str], log: Callable[[str], None] = print
 ) -> tuple[list[Any], dict[str, Any]]:
     """The peers of ``names`` (radixrt, radixrt-int8, radixrt-torch (torch's weight-only kernels: in float32 the
-    dense weights), openvino, openvino-llm, llama.cpp) that can run here; and
+    dense weights), radixrt-q8 (int8 activations in float32), openvino, openvino-llm, llama.cpp) that can run here; and
     ``{"skipped": {name: why}, "startup_s": {system: seconds}}``. radixrt loads the embedded model
     through its default path when ``gguf`` is that file (the same file either way)."""
     from radixrt.models.embedded import embedded_gguf_path
@@ -246,6 +247,12 @@ def build_peers(
             None,
             lambda: RadixPeer(
                 None if gguf == embedded_gguf_path() else gguf, name=RADIX_TORCH, int4_kernel="torch"
+            ),
+        ),
+        "radixrt-q8": (
+            None,
+            lambda: RadixPeer(
+                None if gguf == embedded_gguf_path() else gguf, name=RADIX_Q8, int4_kernel="q8"
             ),
         ),
         "openvino": (missing("openvino_genai", OPENVINO_SETUP), lambda: OpenVINOPeer(gguf, threads)),
@@ -283,7 +290,7 @@ def versions(peers: list[Any]) -> dict[str, str]:
     """The version of each system's package."""
     from importlib.metadata import version
 
-    dist = {RADIX: "radixrt", RADIX_INT8: "radixrt", "OpenVINO CB": "openvino-genai", "OpenVINO LLMPipeline": "openvino-genai",
+    dist = {RADIX: "radixrt", RADIX_INT8: "radixrt", RADIX_TORCH: "radixrt", RADIX_Q8: "radixrt", "OpenVINO CB": "openvino-genai", "OpenVINO LLMPipeline": "openvino-genai",
             "llama.cpp": "llama-cpp-python"}  # fmt: skip
     return {p.name: version(dist[p.name]) for p in peers}
 

@@ -106,12 +106,12 @@ class ServerArgs:
     )
     int4_kernel: str = arg(
         "auto",
-        "Kernel of the int4 weight-only linears (int4, and gguf's 4/5/8-bit blocks) for batches below "
-        "--dense-gemm-min-tokens: auto (radixrt's own, compiled on first use: in bf16 its AVX512-BF16 kernel "
-        "where the CPU has avx512_bf16, in float32 its AVX2 kernel, which int8 linears use too and which "
-        "makes gguf the float32 default for a GGUF file; it keeps a second copy of the codes, +0.5 byte a "
-        "weight), torch (torch's kernels; float32 then runs a GGUF file dense by default).",
-        ("auto", "torch"),
+        "Kernel of the int4 weight-only linears (int4, gguf's 4/5/8-bit blocks) for batches below "
+        "--dense-gemm-min-tokens: auto (radixrt's own, built on first use: AVX512-BF16 in bf16, AVX2 in float32, "
+        "where int8 linears use it too and gguf becomes the default for a GGUF file; +0.5 byte a weight), q8 "
+        "(auto, with float32 activations rounded to int8 per 32-column group for the 4-bit codes, as llama.cpp "
+        "does: faster, not exact; docs/cpu.md), torch (torch's kernels; float32 then runs a GGUF file dense).",
+        ("auto", "q8", "torch"),
     )
     context_length: int | None = arg(
         None,

@@ -86,6 +86,12 @@ def _register_fake(namespace: str) -> None:
     def _fake_u8(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
         return x.new_empty((x.shape[0], codes.shape[0] * 16))
 
+    if namespace == "radixrt_int4_f32":
+
+        @torch.library.register_fake(f"{namespace}::mm_q8")  # type: ignore[misc]
+        def _fake_q8(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+            return x.new_empty((x.shape[0], codes.shape[1] * 16))
+
 
 def _configure_amx() -> None:
     """Set the bf16 kernel's AMX row threshold from `AMX_ENV` (default `AMX_MIN_ROWS_DEFAULT`) and log it."""

@@ -339,6 +339,7 @@ class Int4Linear(QuantLinearBase):
         for name in ("i4_codes", "i4_sz", "u8_codes", "u8_sz"):
             self.register_buffer(name, None, persistent=False)
         self.kernel_dtype: torch.dtype | None = None  # the activation dtype radixrt's kernel layout is for
+        self.act_int8 = False  # float32: int8 activations against the codes (``radixrt_int4_f32::mm_q8``)
 
     @classmethod
     def from_float(
@@ -354,11 +355,13 @@ class Int4Linear(QuantLinearBase):
         codes, scales, zeros = quantize_int4_groupwise(weight, group_size)
         return cls(codes, scales, zeros, group_size, bias, compute_dtype)
 
-    def use_radixrt_kernel(self, dtype: torch.dtype) -> int:
+    def use_radixrt_kernel(self, dtype: torch.dtype, act_int8: bool = False) -> int:
         """Also keep the weights in the layout of radixrt's int4 kernels (:mod:`radixrt.kernels.int4_gemm`:
         AVX512-BF16 for bf16, AVX2 for float32) and multiply ``dtype`` batches by them instead of torch's
         ``_weight_int4pack_mm_for_cpu``; returns the bytes kept. The scales are those torch's kernel uses in
-        ``dtype``, so both multiply by the same weight.
+        ``dtype``, so both multiply by the same weight. ``act_int8`` (float32, one plane or two summed): the
+        activations are rounded to int8 per group at run time and multiply the codes in integers
+        (``radixrt_int4_f32::mm_q8``, ``--int4-kernel q8``: faster, not exact).
 
         Two planes whose high scale is 16 times the low one in every group (GGUF's Q8_0 and Q5 blocks) are
         kept as one 8-bit code ``16 hi + lo`` (``radixrt_int4::mm_u8``): one product per weight instead of
@@ -381,6 +384,7 @@ class Int4Linear(QuantLinearBase):
         self.register_buffer("i4_codes", w.codes, persistent=False)
         self.register_buffer("i4_sz", w.sz, persistent=False)
         self.kernel_dtype = dtype
+        self.act_int8 = act_int8 and dtype == torch.float32
         return w.nbytes()
 
     def _matmul(self, x2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -388,6 +392,8 @@ class Int4Linear(QuantLinearBase):
             ops = torch.ops.radixrt_int4 if dtype == torch.bfloat16 else torch.ops.radixrt_int4_f32
             if self.u8_codes is not None:
                 y = ops.mm_u8(x2, self.u8_codes, self.u8_sz, self.group_size)
+            elif self.act_int8:
+                y = ops.mm_q8(x2, self.i4_codes, self.i4_sz, self.group_size)
             else:
                 y = ops.mm(x2, self.i4_codes, self.i4_sz, self.group_size)
             return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()

@@ -136,10 +136,10 @@ def keep_dense_weights(model: nn.Module, min_tokens: int, int8: bool = False) ->
     return kept
 
 
-def use_radixrt_int4_kernel(model: nn.Module, dtype: torch.dtype) -> int:
+def use_radixrt_int4_kernel(model: nn.Module, dtype: torch.dtype, act_int8: bool = False) -> int:
     """Give every :class:`Int4Linear` of ``model`` (and in float32 every :class:`Int8Linear`) the layout of
-    radixrt's kernel for ``dtype`` batches (``use_radixrt_kernel``); returns the bytes kept (0 when none
-    is quantized)."""
+    radixrt's kernel for ``dtype`` batches (``use_radixrt_kernel``; ``act_int8``: float32 int4 linears
+    multiply int8-rounded activations); returns the bytes kept (0 when none is quantized)."""
     kept = 0
     done: set[int] = set()
     for mod in model.modules():
@@ -147,7 +147,11 @@ def use_radixrt_int4_kernel(model: nn.Module, dtype: torch.dtype) -> int:
             continue
         if isinstance(mod, Int4Linear) or (isinstance(mod, Int8Linear) and dtype == torch.float32):
             done.add(id(mod))
-            kept += mod.use_radixrt_kernel(dtype)
+            kept += (
+                mod.use_radixrt_kernel(dtype, act_int8)
+                if isinstance(mod, Int4Linear)
+                else mod.use_radixrt_kernel(dtype)
+            )
     return kept
 
 

@@ -40,6 +40,8 @@ from radixrt.models.moe import SparseMoE
 logger = logging.getLogger(__name__)
 # What torch's float32 / float16 weight-only kernels (scalar loops, not vectorised) cost; measured on the
 # embedded SmolLM2-135M Q4_1 file (docs/cpu.md has the dtype x quantization matrix).
+#: ``--int4-kernel`` values under which int4 linears run radixrt's own kernels (q8: int8 activations in float32).
+RADIXRT_INT4_KERNELS = ("auto", "q8")
 SLOW_DTYPE_COST = (
     "batch-1 decode ~20x slower than bfloat16 and ~5x slower than dense float32 weights (prefill too "
     "with --dense-gemm-min-tokens 0)"
@@ -58,7 +60,7 @@ def resolve_quantization(
     kernels are scalar loops there (see ``SLOW_DTYPE_COST``). An explicit weight-only method in such a
     dtype is honoured with a warning.
     """
-    fast_f32 = dtype == torch.float32 and int4_kernel == "auto" and _f32_kernel_reason() is None
+    fast_f32 = dtype == torch.float32 and int4_kernel in RADIXRT_INT4_KERNELS and _f32_kernel_reason() is None
     if method is None:
         if gguf_file is None:
             return "none"
@@ -147,7 +149,8 @@ def apply_quantization(
     `default_dense_min_tokens`.
     ``int4_kernel`` "auto": int4 linears run radixrt's kernel where it can run here, AVX512-BF16 in bf16,
     AVX2 in float32 (where int8 linears use it too; ``--int4-kernel``; the reason is logged where it
-    cannot); "torch": torch's kernels. ``dense_int8``: the
+    cannot); "q8": the same, float32 int4 linears multiplying int8-rounded activations; "torch": torch's
+    kernels. ``dense_int8``: the
     large-batch copies are int8 with int8 activations (``--dense-gemm-int8``)."""
     if method == "none":
         return
@@ -160,10 +163,10 @@ def apply_quantization(
     else:
         assert gguf_file is not None
         _load_gguf_linears(model, model_dir, gguf_file)
-    if int4_kernel == "auto" and model.config.dtype in (torch.bfloat16, torch.float32):
-        _use_int4_kernel(model, model.config.dtype)
+    if int4_kernel in RADIXRT_INT4_KERNELS and model.config.dtype in (torch.bfloat16, torch.float32):
+        _use_int4_kernel(model, model.config.dtype, int4_kernel == "q8")
     if dense_min_tokens is None:
-        tiles = int4_kernel == "auto" and model.config.dtype == torch.bfloat16 and _int4_tiles()
+        tiles = int4_kernel in RADIXRT_INT4_KERNELS and model.config.dtype == torch.bfloat16 and _int4_tiles()
         dense_min_tokens = default_dense_min_tokens(
             model.config.dtype, next(model.parameters()).device, tiles
         )
@@ -182,8 +185,13 @@ def _is_router(name: str) -> bool:
     return name.endswith((".mlp.gate", ".mlp.shared_expert_gate"))
 
 
-def _use_int4_kernel(model: LlamaForCausalLM, dtype: torch.dtype) -> None:
+def _use_int4_kernel(model: LlamaForCausalLM, dtype: torch.dtype, act_int8: bool) -> None:
     from radixrt.kernels import int4_gemm
+
+    if act_int8 and dtype != torch.float32:
+        logger.info(
+            "--int4-kernel q8 changes float32 compute only; %s runs the AVX512-BF16 kernel", _name(dtype)
+        )
 
     kinds = (Int4Linear, Int8Linear) if dtype == torch.float32 else (Int4Linear,)
     if not any(isinstance(m, kinds) for m in model.modules()):
@@ -194,11 +202,18 @@ def _use_int4_kernel(model: LlamaForCausalLM, dtype: torch.dtype) -> None:
                        "(%s)", _name(dtype), reason)  # fmt: skip
         return
     t0 = time.perf_counter()
-    kept = use_radixrt_int4_kernel(model, dtype)
+    q8 = act_int8 and dtype == torch.float32
+    kept = use_radixrt_int4_kernel(model, dtype, q8)
+    kind = (
+        "AVX512-BF16"
+        if dtype == torch.bfloat16
+        else "AVX2 float32 (int8 activations)"
+        if q8
+        else "AVX2 float32"
+    )
     logger.info(
         "quantized linears run radixrt's %s kernel below the dense threshold: +%.0f MiB, %.1f s "
-        "(--int4-kernel torch: torch's kernel)",
-        "AVX512-BF16" if dtype == torch.bfloat16 else "AVX2 float32", kept / 2**20, time.perf_counter() - t0,
+        "(--int4-kernel torch: torch's kernel)", kind, kept / 2**20, time.perf_counter() - t0,
     )  # fmt: skip
 
 
