@@ -8,6 +8,7 @@ run from an empty cache.
   ``radixrt-mixed``: with ``--enable-mixed-chunk``; ``radixrt-ngram`` / ``radixrt-suffix``: with
   ``--speculative-algorithm NGRAM`` / ``SUFFIX`` (speculation on vs the plain ``radixrt``); ``radixrt-kv8``:
   with ``--kv-cache-dtype fp8_e4m3`` (8-bit KV, as OpenVINO's CPU plugin keeps its KV cache by default);
+  ``radixrt-q8``: with ``--int4-kernel q8`` (int8 activations in float32 decode, as llama.cpp and OpenVINO);
 - ``llama.cpp``: ``python -m llama_cpp.server`` on the same GGUF file, OpenAI completions, its RAM prompt
   cache on (cached tokens are read from its verbose log: "N prefix-match hit"); restarted per run. NOTE:
   ``--interrupt_requests false``: by default it cuts a streaming completion short (sends ``[DONE]``)
@@ -35,7 +36,7 @@ from radixrt.models.tokenizer import load_tokenizer
 
 ALL_BACKENDS = (
     "radixrt", "radixrt-engine", "radix-off", "radixrt-fcfs", "radixrt-mixed", "radixrt-ngram", "radixrt-suffix",
-    "radixrt-kv8", "openvino", "llama.cpp", "hf",
+    "radixrt-kv8", "radixrt-q8", "openvino", "llama.cpp", "hf",
 )  # fmt: skip
 SERVER_FLAGS = {
     "radixrt": [],
@@ -45,6 +46,7 @@ SERVER_FLAGS = {
     "radixrt-ngram": ["--speculative-algorithm", "NGRAM"],
     "radixrt-suffix": ["--speculative-algorithm", "SUFFIX"],
     "radixrt-kv8": ["--kv-cache-dtype", "fp8_e4m3"],
+    "radixrt-q8": ["--int4-kernel", "q8"],
 }
 COUNTERS = ("prompt_tokens", "cached_tokens", "computed_prefill_tokens", "generation_tokens", "retractions",
             "evicted_tokens")  # fmt: skip

@@ -19,10 +19,11 @@ HEADLINE = (
     "radixrt-ngram",
     "radixrt-suffix",
     "radixrt-kv8",
+    "radixrt-q8",
     "url",
 )
 COLORS = dict(zip(HEADLINE, ("tab:blue", "tab:orange", "tab:olive", "tab:green", "tab:red", "tab:purple", "tab:brown",
-                             "tab:pink", "tab:cyan", "black", "gold", "tab:gray"), strict=True))  # fmt: skip
+                             "tab:pink", "tab:cyan", "black", "gold", "darkgreen", "tab:gray"), strict=True))  # fmt: skip
 PEERS = ("openvino", "llama.cpp", "hf", "radix-off")  # radixrt / each of these in the headline table
 
 
