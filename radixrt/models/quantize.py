@@ -38,10 +38,10 @@ from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.moe import SparseMoE
 
 logger = logging.getLogger(__name__)
-# What torch's float32 / float16 weight-only kernels (scalar loops, not vectorised) cost; measured on the
-# embedded SmolLM2-135M Q4_1 file (docs/cpu.md has the dtype x quantization matrix).
 #: ``--int4-kernel`` values under which int4 linears run radixrt's own kernels (q8: int8 activations in float32).
 RADIXRT_INT4_KERNELS = ("auto", "q8")
+# What torch's float32 / float16 weight-only kernels (scalar loops, not vectorised) cost; measured on the
+# embedded SmolLM2-135M Q4_1 file (docs/cpu.md has the dtype x quantization matrix).
 SLOW_DTYPE_COST = (
     "batch-1 decode ~20x slower than bfloat16 and ~5x slower than dense float32 weights (prefill too "
     "with --dense-gemm-min-tokens 0)"
