@@ -54,6 +54,7 @@ from radixrt.layers.routed_experts import compiled_experts
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.moe import SparseMoE
 from radixrt.models.rope import RotaryEmbedding
+from radixrt.worker.direct_call import BoundCall, CapturingInductor, DirectCalls, direct_call_enabled
 from radixrt.worker.step_cost import StepCost
 
 logger = logging.getLogger(__name__)
@@ -221,16 +222,25 @@ def fresh_function(
 
 def _unguarded(
     fn: Callable[..., Any], name: str, defaults: tuple[Any, ...] | None = None
-) -> Callable[..., Any]:
+) -> tuple[Callable[..., Any], CapturingInductor]:
     """``fn`` compiled without dynamo guards, under a fresh code object (its own dynamo cache), with
-    ``defaults`` in place of its default argument values when given."""
-    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    ``defaults`` in place of its default argument values when given; and the backend that captures its graph
+    for direct calls (`radixrt.worker.direct_call`)."""
+    patches: dict[str, Any] = {}
     if cpp_wrapper_enabled():
-        options["cpp_wrapper"] = True
-    return torch.compile(fresh_function(fn, name, defaults), dynamic=False, fullgraph=True, options=options)
+        patches["cpp_wrapper"] = True
+    if not env_switch(SIZE_ASSERTS_ENV, default=False):
+        patches["size_asserts"] = False
+    capture = CapturingInductor(patches)
+    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    compiled = torch.compile(
+        fresh_function(fn, name, defaults), backend=capture, dynamic=False, fullgraph=True, options=options
+    )
+    return compiled, capture
 
 
 CPP_WRAPPER_ENV = "RADIXRT_COMPILE_CPP_WRAPPER"
+SIZE_ASSERTS_ENV = "RADIXRT_COMPILE_SIZE_ASSERTS"
 
 
 def cpp_wrapper_enabled() -> bool:
@@ -305,6 +315,12 @@ class DecodeGraphRunner:
             if scope == "model"
         }
         self._greedy = {b: _unguarded(_greedy_head, f"_greedy_head_bs{b}") for b in self.buckets}
+        # After a graph's first call, the same graph called without dynamo (radixrt.worker.direct_call):
+        # per bucket, the greedy head, the whole stack, or each layer's call.
+        self._direct = DirectCalls(direct_call_enabled())
+        self._head_calls: dict[int, BoundCall] = {}
+        self._stack_calls: dict[int, BoundCall] = {}
+        self._layer_calls: dict[int, list[BoundCall]] = {}
 
     @property
     def max_bs(self) -> int:
@@ -322,8 +338,18 @@ class DecodeGraphRunner:
         self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         """Argmax token ids ``[bucket]`` of a padded decode batch: norm, LM head and argmax compiled too."""
-        head = self._greedy[ids.shape[0]]
-        return head(self.model.norm, self.model.lm_head, self._layers(ids, positions, md))
+        bs = ids.shape[0]
+        x = self._layers(ids, positions, md)
+        call = self._head_calls.get(bs)
+        if call is not None:
+            return call(x=x)
+        head, capture = self._greedy[bs]
+        out = head(self.model.norm, self.model.lm_head, x)
+        modules = {"norm": self.model.norm, "lm_head": self.model.lm_head}
+        direct = self._direct.learn(("head", bs), capture, {"x": x}, modules)
+        if direct is not None:
+            self._head_calls[bs] = BoundCall(direct, modules)
+        return out
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         _raise_recompile_limit()
@@ -336,14 +362,7 @@ class DecodeGraphRunner:
         try:
             bs = ids.shape[0]
             with compiled_experts(self._experts):
-                if self.scope == "model":
-                    x = self._stack[bs](
-                        self.model.layers, self.model.embed_tokens, ids, positions, self.model.rope
-                    )
-                else:
-                    x = self.model.embed_tokens(ids)
-                    for layer, kind in zip(self.model.layers, self._kind_of, strict=True):
-                        x = self._layer[bs, kind](layer, x, positions, self.model.rope)
+                x = self._run_graphs(bs, ids, positions)
             ran = fw.layer
         finally:
             if native is not None:
@@ -354,6 +373,41 @@ class DecodeGraphRunner:
             raise RuntimeError(
                 f"compiled decode ran attention {ran} times for {len(self.model.layers)} layers"
             )
+        return x
+
+    def _run_graphs(self, bs: int, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The embedding and the layers of bucket ``bs``: directly where bound, else through dynamo (and
+        bound after)."""
+        model, rope = self.model, self.model.rope
+        if self.scope == "model":
+            stack = self._stack_calls.get(bs)
+            if stack is not None:
+                return stack(ids=ids, positions=positions)
+            fn, capture = self._stack[bs]
+            x = fn(model.layers, model.embed_tokens, ids, positions, rope)
+            modules = {"layers": model.layers, "embed": model.embed_tokens, "rope": rope}
+            direct = self._direct.learn(("stack", bs), capture, {"ids": ids, "positions": positions}, modules)
+            if direct is not None:
+                self._stack_calls[bs] = BoundCall(direct, modules)
+            return x
+        x = model.embed_tokens(ids)
+        calls = self._layer_calls.get(bs)
+        if calls is not None:
+            for call in calls:
+                x = call(x=x, positions=positions)
+            return x
+        for layer, kind in zip(model.layers, self._kind_of, strict=True):
+            fn, capture = self._layer[bs, kind]
+            x_in, x = x, fn(layer, x, positions, rope)
+            inputs = {"x": x_in, "positions": positions}
+            self._direct.learn(("layer", bs, kind), capture, inputs, {"layer": layer, "rope": rope})
+        directs = [self._direct.get(("layer", bs, kind)) for kind in self._kind_of]
+        if all(d is not None for d in directs):
+            self._layer_calls[bs] = [
+                BoundCall(d, {"layer": layer, "rope": rope})
+                for d, layer in zip(directs, model.layers, strict=True)
+                if d is not None
+            ]
         return x
 
     def warmup(self, run_padding_batch: Callable[[int], None]) -> float:
