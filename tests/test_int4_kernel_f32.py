@@ -44,7 +44,7 @@ def _with_threads(threads: int, fn) -> None:  # type: ignore[no-untyped-def]
     [(1, 64, 64, 32), (1, 1536, 576, 32), (2, 576, 1536, 32), (1, 200, 256, 64), (1, 48, 512, 128),
      (2, 40, 768, 256), (1, 16, 32, 32), (1, 8, 64, 16), (1, 100, 96, 32)],
 )  # fmt: skip
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3])  # 2 and 3: batch-1 passes of 2 blocks (balanced_blocks)
 def test_int4_matches_the_dequantized_weight(n_planes: int, n: int, k: int, group: int, threads: int) -> None:
     g = torch.Generator().manual_seed(n * k + group)
     codes = torch.randint(0, 16, (n_planes, n, k), generator=g, dtype=torch.uint8)
